@@ -1,0 +1,55 @@
+"""django_jobq: a reliable job queue for Django."""
+
+from .errors import (
+    InvalidJobId,
+    InvalidOption,
+    InvalidQueueName,
+    JobFailed,
+    JobQError,
+    PayloadTooLarge,
+    PermanentError,
+    Retry,
+    Timeout,
+    ValidationError,
+)
+from .job import CancelOutcome, EnqueueOutcome, EnqueueResult, Job, JobResult, JobStatus
+from .states import JobState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelOutcome",
+    "EnqueueOutcome",
+    "EnqueueResult",
+    "InvalidJobId",
+    "InvalidOption",
+    "InvalidQueueName",
+    "Job",
+    "JobFailed",
+    "JobQError",
+    "JobResult",
+    "JobState",
+    "JobStatus",
+    "PayloadTooLarge",
+    "PermanentError",
+    "Queue",
+    "Retry",
+    "Timeout",
+    "ValidationError",
+    "get_queue",
+    "handler",
+]
+
+
+def __getattr__(name: str):
+    # Queue and friends import Django settings machinery; load them lazily so that
+    # `import django_jobq` works before settings are configured (e.g. in INSTALLED_APPS).
+    if name in ("Queue", "get_queue"):
+        from . import queue
+
+        return getattr(queue, name)
+    if name == "handler":
+        from .registry import handler
+
+        return handler
+    raise AttributeError(name)

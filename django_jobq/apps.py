@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class JobQConfig(AppConfig):
+    name = "django_jobq"
+    verbose_name = "Job queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import checks  # noqa: F401 - registers the system checks
+
+        # Handlers live in each app's jobs.py; importing them registers them.
+        autodiscover_modules("jobs")

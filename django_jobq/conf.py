@@ -1,0 +1,169 @@
+"""The ``JOBQ`` settings dict: defaults, validation, and the storage it selects.
+
+Everything is read through ``jobq_settings()`` so tests can override ``JOBQ`` with Django's
+``override_settings`` and get a fresh view (the cached storage is dropped on change).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+from .errors import ConfigurationError, JobQError
+from .job import JobOptions
+from .validation import (
+    validate_positive_int,
+    validate_positive_ms,
+    validate_priority,
+    validate_queue_name,
+)
+
+DEFAULTS: dict[str, Any] = {
+    # "redis", "memory", or a dotted path to a callable returning a Storage.
+    "BACKEND": "redis",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    # A django-redis cache alias; when set it wins over REDIS_URL (shares the project's pool).
+    "REDIS_CACHE_ALIAS": None,
+    "PREFIX": "jobq",
+    "SERDE": "json",
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "EVENTS_MAXLEN": 10_000,
+    # Defaults of every job; per-queue overrides in QUEUES, per-call overrides at enqueue.
+    "JOB_DEFAULTS": {
+        "max_attempts": 3,
+        "result_ttl": 24 * 3600 * 1000,
+        "min_backoff": 1000,
+        "max_backoff": 3600 * 1000,
+        "max_stalls": 1,
+        "priority": 0,
+    },
+    "QUEUES": {},  # {"emails": {"max_attempts": 5, ...}}
+    "WORKER": {
+        "concurrency": 8,
+        "lease": 30_000,  # ms a claim is valid without a heartbeat
+        "grace": 30.0,  # seconds in-flight jobs get to finish on SIGTERM
+        "reap_interval": 5.0,  # seconds between a worker's own stalled-job sweeps (0: off)
+    },
+    "REAPER": {"interval": 1.0, "batch": 1000},
+}
+
+OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
+
+
+def jobq_settings() -> dict[str, Any]:
+    user = getattr(settings, "JOBQ", {}) or {}
+    merged = {**DEFAULTS, **user}
+    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER"):
+        merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
+    return merged
+
+
+def validate_options(options: dict[str, Any], where: str) -> JobOptions:
+    """Turn an options dict into JobOptions, with an error that names where it came from."""
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown job option(s) {sorted(unknown)}")
+    try:
+        return JobOptions(
+            max_attempts=validate_positive_int("max_attempts", options["max_attempts"]),
+            result_ttl=validate_positive_ms("result_ttl", options["result_ttl"]),
+            min_backoff=validate_positive_ms(
+                "min_backoff", options["min_backoff"], allow_zero=True
+            ),
+            max_backoff=validate_positive_ms(
+                "max_backoff", options["max_backoff"], allow_zero=True
+            ),
+            max_stalls=validate_positive_int("max_stalls", options["max_stalls"], minimum=0),
+            priority=validate_priority(options["priority"]),
+        )
+    except JobQError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from exc
+
+
+def queue_defaults(queue: str) -> JobOptions:
+    conf = jobq_settings()
+    overrides = conf["QUEUES"].get(queue, {})
+    return validate_options({**conf["JOB_DEFAULTS"], **overrides}, f"JOBQ['QUEUES'][{queue!r}]")
+
+
+def check_settings() -> list[str]:
+    """Problems with JOBQ, as messages (used by the system check and at storage build)."""
+    conf = jobq_settings()
+    problems = []
+    unknown = set(getattr(settings, "JOBQ", {}) or {}) - set(DEFAULTS)
+    if unknown:
+        problems.append(f"unknown JOBQ key(s) {sorted(unknown)}")
+    backend = conf["BACKEND"]
+    if backend not in ("redis", "memory") and not (isinstance(backend, str) and "." in backend):
+        problems.append(f"JOBQ['BACKEND'] {backend!r}: use 'redis', 'memory' or a dotted path")
+    if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
+        url = conf["REDIS_URL"]
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            problems.append(
+                f"JOBQ['REDIS_URL'] {url!r} is not a redis://, rediss:// or unix:// URL"
+            )
+    try:
+        validate_options(conf["JOB_DEFAULTS"], "JOBQ['JOB_DEFAULTS']")
+        for name in conf["QUEUES"]:
+            validate_queue_name(name)
+            queue_defaults(name)
+    except JobQError as exc:
+        problems.append(str(exc))
+    if conf["SERDE"] not in ("json", "msgpack"):
+        problems.append(f"JOBQ['SERDE'] {conf['SERDE']!r}: use 'json' or 'msgpack'")
+    size = conf["MAX_PAYLOAD_BYTES"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append(f"JOBQ['MAX_PAYLOAD_BYTES'] must be a positive integer, got {size!r}")
+    return problems
+
+
+_storage = None
+_lock = threading.Lock()
+
+
+def build_storage() -> Any:
+    conf = jobq_settings()
+    problems = check_settings()
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    backend = conf["BACKEND"]
+    if backend == "memory":
+        from .storage.memory import MemoryStorage
+
+        return MemoryStorage(events_maxlen=conf["EVENTS_MAXLEN"])
+    if backend == "redis":
+        from .storage.redis.connection import client_from_cache_alias, client_from_url
+        from .storage.redis.storage import RedisStorage
+
+        alias = conf["REDIS_CACHE_ALIAS"]
+        client = client_from_cache_alias(alias) if alias else client_from_url(conf["REDIS_URL"])
+        return RedisStorage(client, prefix=conf["PREFIX"], events_maxlen=conf["EVENTS_MAXLEN"])
+    return import_string(backend)()
+
+
+def get_storage() -> Any:
+    """The process-wide storage selected by ``JOBQ`` (built once, thread-safe)."""
+    global _storage
+    if _storage is None:
+        with _lock:
+            if _storage is None:
+                _storage = build_storage()
+    return _storage
+
+
+def reset_storage(**_: Any) -> None:
+    global _storage
+    with _lock:
+        _storage = None
+
+
+def _on_setting_changed(setting: str, **kwargs: Any) -> None:
+    if setting == "JOBQ":
+        reset_storage()
+
+
+setting_changed.connect(_on_setting_changed)

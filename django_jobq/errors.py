@@ -1,0 +1,92 @@
+"""Exceptions raised by django_jobq, and the ones handlers raise to steer retries."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+class JobQError(Exception):
+    """Base class of every error django_jobq raises."""
+
+
+class ValidationError(JobQError, ValueError):
+    """Bad input refused at the edge: nothing was written to storage."""
+
+
+class InvalidJobId(ValidationError):
+    pass
+
+
+class InvalidQueueName(ValidationError):
+    pass
+
+
+class InvalidOption(ValidationError):
+    pass
+
+
+class PayloadTooLarge(ValidationError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload is {size} bytes, over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class SerializationError(ValidationError):
+    pass
+
+
+class ConfigurationError(JobQError):
+    pass
+
+
+class StorageError(JobQError):
+    """The storage answered something it should never answer (a bug or a foreign write)."""
+
+
+class JobNotFound(JobQError, LookupError):
+    pass
+
+
+class JobFailed(JobQError):
+    """`enqueue_and_wait` of a job that failed for good; carries the remote error."""
+
+    def __init__(self, job_id: str, error: dict[str, Any] | None, state: str = "failed") -> None:
+        self.job_id = job_id
+        self.error = error or {}
+        self.state = state
+        message = self.error.get("message") or state
+        super().__init__(f"job {job_id} {state}: {self.error.get('type', '')}: {message}")
+
+
+class Timeout(JobQError, TimeoutError):
+    """`enqueue_and_wait` gave up waiting; the job itself keeps running."""
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(f"no result for job {job_id} within {timeout}s (the job keeps running)")
+        self.job_id = job_id
+        self.timeout = timeout
+
+
+class PermanentError(Exception):
+    """Raised by a handler: fail the job now, with no further attempts."""
+
+
+class Retry(Exception):
+    """Raised by a handler to retry at a chosen time instead of the exponential backoff.
+
+    Any exception that carries a ``retry_in`` (seconds) or ``retry_at`` (datetime or epoch
+    seconds) attribute is honoured the same way, so libraries' own errors can steer retries.
+    """
+
+    def __init__(
+        self,
+        message: str = "retry requested",
+        *,
+        retry_in: float | None = None,
+        retry_at: dt.datetime | float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
+        self.retry_at = retry_at

@@ -1,0 +1,124 @@
+"""Running one claimed job: decode, call the handler, turn the outcome into a storage verdict.
+
+Kept apart from the worker's threading so the rules (what is permanent, how long to back off)
+are plain functions that tests call directly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import random
+import time
+import traceback
+from typing import Any
+
+from .errors import PermanentError, SerializationError
+from .job import ClaimedJob, Job
+from .queue import serde_for
+from .registry import HandlerRegistry
+from .storage.base import Ack
+
+logger = logging.getLogger("django_jobq.worker")
+MAX_ERROR_BYTES = 16 * 1024
+BACKOFF_JITTER = 0.25  # a retry waits between base and base * 1.25, spreading thundering herds
+
+
+def backoff_ms(attempt: int, min_backoff: int, max_backoff: int, rng: random.Random) -> int:
+    """Exponential backoff after failed ``attempt`` (1-based): min * 2^(attempt-1), capped at
+    max, plus up to 25 % jitter (still capped), so retries of a burst do not arrive together."""
+    base = min(max_backoff, min_backoff * 2 ** max(attempt - 1, 0))
+    return int(min(max_backoff, base * (1 + BACKOFF_JITTER * rng.random())))
+
+
+def requested_retry_ms(exc: BaseException) -> int | None:
+    """A delay the error asks for through ``retry_in`` (seconds) or ``retry_at`` (datetime or
+    epoch seconds), or None to use the backoff."""
+    retry_in = getattr(exc, "retry_in", None)
+    if isinstance(retry_in, int | float) and not isinstance(retry_in, bool):
+        return max(0, int(retry_in * 1000))
+    retry_at = getattr(exc, "retry_at", None)
+    if isinstance(retry_at, dt.datetime):
+        retry_at = retry_at.timestamp()
+    if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
+        return max(0, int((retry_at - time.time()) * 1000))
+    return None
+
+
+def error_body(exc: BaseException, kind: str | None = None) -> bytes:
+    """JSON error record, always JSON whatever the payload serde, so operators can read it."""
+    tb = "".join(traceback.format_exception(exc))
+    record = {
+        "type": kind or f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc)[:4096],
+        "traceback": tb[-MAX_ERROR_BYTES:],
+    }
+    return json.dumps(record).encode()
+
+
+def make_job(claimed: ClaimedJob, payload: Any) -> Job:
+    return Job(
+        id=claimed.job_id,
+        queue=claimed.queue,
+        payload=payload,
+        attempt=claimed.attempt,
+        max_attempts=claimed.max_attempts,
+        token=claimed.token,
+    )
+
+
+def execute(
+    claimed: ClaimedJob,
+    registry: HandlerRegistry,
+    job: Job | None = None,
+    rng: random.Random | None = None,
+) -> Ack:
+    """Run the handler for ``claimed`` and return the verdict to send to storage.
+
+    Never raises: a malformed payload, a missing handler or an unserialisable result fails the
+    job permanently (retrying would not help); any other error retries with backoff.
+    """
+    rng = rng or random.Random()  # noqa: S311 - jitter, not security
+    label = f"[{claimed.queue}/{claimed.job_id}]"
+    serde = None
+    try:
+        serde = serde_for(claimed.content_type)
+        payload = serde.loads(claimed.payload)
+    except Exception as exc:  # malformed bytes must not take the worker down
+        logger.error("%s malformed payload, failing it: %s", label, exc)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "MalformedPayload"),
+                   permanent=True)  # fmt: skip
+    func = registry.get(claimed.queue)
+    if func is None:
+        exc = LookupError(f"no handler registered for queue {claimed.queue!r}")
+        logger.error("%s %s", label, exc)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "NoHandler"),
+                   permanent=True)  # fmt: skip
+    if job is None:
+        job = make_job(claimed, payload)
+    else:
+        job.payload = payload
+    logger.debug("%s starting attempt %d/%d", label, claimed.attempt, claimed.max_attempts)
+    try:
+        result = func(job)
+    except PermanentError as exc:
+        logger.warning("%s failed permanently: %s", label, exc)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
+        delay = requested_retry_ms(exc)
+        if delay is None:
+            delay = backoff_ms(claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng)
+        logger.warning(
+            "%s attempt %d/%d failed: %s: %s", label, claimed.attempt, claimed.max_attempts,
+            type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
+        )  # fmt: skip
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc), retry_in=delay)
+    try:
+        body = serde.dumps(result)
+    except SerializationError as exc:
+        logger.error("%s result is not serialisable: %s", label, exc)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "BadResult"),
+                   permanent=True)  # fmt: skip
+    logger.debug("%s completed", label)
+    return Ack("complete", claimed.job_id, claimed.token, body)

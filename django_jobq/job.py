@@ -1,0 +1,216 @@
+"""Value objects passed between the Queue API, the worker and the storage backends.
+
+Storage speaks bytes and integer milliseconds (what Lua and SQL can store exactly); the Queue API
+turns them into Python values and datetimes for callers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .states import JobState
+
+
+def ms_to_datetime(ms: int | None) -> dt.datetime | None:
+    if not ms:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+class EnqueueOutcome(enum.StrEnum):
+    QUEUED = "queued"  # a new job was stored (state queued, or scheduled when run_at is later)
+    DUPLICATE = "duplicate"  # the id exists and has not completed: nothing was written
+    COMPLETED = "completed"  # the id exists and completed: its cached result is returned
+
+
+class CancelOutcome(enum.StrEnum):
+    CANCELLED = "cancelled"  # now (or already) cancelled; it will never run
+    NOT_FOUND = "not_found"  # no such job, or its record expired
+    ACTIVE = "active"  # running: cannot be cancelled by this call
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class AckOutcome(enum.StrEnum):
+    """What a worker's complete / fail / release call did."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    RELEASED = "released"
+    LEASE_LOST = "lease_lost"  # the lease was reclaimed (or the job vanished): nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Per-job options, fully resolved (queue defaults applied) before they reach storage."""
+
+    max_attempts: int = 3
+    result_ttl: int = 24 * 3600 * 1000  # ms a finished job's record (result, error) is kept
+    min_backoff: int = 1000  # ms before the second attempt
+    max_backoff: int = 3600 * 1000  # ms cap of the exponential backoff
+    max_stalls: int = 1  # lease expiries tolerated before the job fails
+    priority: int = 0  # lower runs first; FIFO within a priority
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job as storage receives it: validated, serialised, options resolved."""
+
+    job_id: str
+    payload: bytes
+    options: JobOptions
+    run_at: int | None = None  # epoch ms by the caller's clock; None or <= now: runnable now
+    delay: int = 0  # ms from now by the storage's clock (so a producer's clock skew is moot)
+    content_type: str = "json"
+    waiter: bool = False  # the caller will wait for the outcome (enqueue_and_wait)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEnqueue:
+    outcome: EnqueueOutcome
+    job_id: str
+    state: JobState
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job leased to one worker; ``token`` fences every later write of this attempt."""
+
+    queue: str
+    job_id: str
+    payload: bytes
+    token: int
+    attempt: int  # 1-based number of this run
+    max_attempts: int
+    min_backoff: int
+    max_backoff: int
+    content_type: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Everything storage knows of one job (the source of `get_status`)."""
+
+    queue: str
+    job_id: str
+    state: JobState
+    attempts: int  # runs started so far
+    max_attempts: int
+    stalls: int
+    max_stalls: int
+    priority: int
+    created_at: int
+    run_at: int | None
+    started_at: int | None
+    finished_at: int | None
+    worker: str | None
+    result_ttl: int
+    content_type: str
+    payload: bytes | None
+    result: bytes | None
+    error: bytes | None
+    expires_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalOutcome:
+    """A finished job as told to a waiter: its final state and result or error bytes."""
+
+    state: JobState
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a queue's event stream."""
+
+    id: str
+    queue: str
+    job_id: str
+    kind: str  # the state entered: queued, scheduled, active, completed, retrying, ...
+    at: int  # epoch ms
+    worker: str | None = None
+
+
+# --- public, decoded views -------------------------------------------------------------------
+
+
+def decode_error(raw: bytes | None) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"type": "Unknown", "message": raw.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"type": "Unknown", "message": str(value)}
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    outcome: EnqueueOutcome
+    job_id: str
+    state: JobState
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.outcome is EnqueueOutcome.QUEUED
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    queue: str
+    job_id: str
+    state: JobState
+    attempts: int
+    max_attempts: int
+    stalls: int
+    priority: int
+    created_at: dt.datetime | None
+    run_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    worker: str | None
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    state: JobState
+    value: Any = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is JobState.COMPLETED
+
+
+@dataclass(slots=True)
+class Job:
+    """What a handler receives: the job's identity, payload and a cooperative cancel flag."""
+
+    id: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    token: int = 0
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    def is_cancelled(self) -> bool:
+        """True once the worker wants this job to stop: shutdown past grace, or lease lost."""
+        return self.cancel_event.is_set()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts

@@ -1,0 +1,80 @@
+"""Every Redis key django_jobq uses is built here and nowhere else.
+
+All keys of one queue share the hash tag ``{prefix:queue}``, so a queue lives in one Redis
+Cluster slot and a Lua script may touch any of them. Scripts that handle many jobs at once get
+the *job key prefix* (``{prefix:queue}:job:``) in KEYS and append ids to it: the result carries
+the same hash tag, so it is in the same slot as every declared key. Ids and queue names are
+validated before they get here (``validation.py``), so neither can break out of the tag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    tag: str  # "{prefix:queue}"
+
+    @classmethod
+    def for_queue(cls, prefix: str, queue: str) -> QueueKeys:
+        return cls("{" + f"{prefix}:{queue}" + "}")
+
+    @property
+    def job_prefix(self) -> str:
+        return f"{self.tag}:job:"
+
+    @property
+    def done_prefix(self) -> str:
+        return f"{self.tag}:done:"
+
+    def job(self, job_id: str) -> str:
+        return self.job_prefix + job_id
+
+    def done(self, job_id: str) -> str:
+        """List a finished job's outcome is pushed to, once per registered waiter."""
+        return self.done_prefix + job_id
+
+    @property
+    def queued(self) -> str:  # ZSET id -> priority * 2**42 + sequence
+        return f"{self.tag}:queued"
+
+    @property
+    def scheduled(self) -> str:  # ZSET id -> run_at ms (delayed and retrying jobs)
+        return f"{self.tag}:scheduled"
+
+    @property
+    def active(self) -> str:  # ZSET id -> lease deadline ms
+        return f"{self.tag}:active"
+
+    @property
+    def wake(self) -> str:  # LIST of at most one marker; idle workers BLPOP it
+        return f"{self.tag}:wake"
+
+    @property
+    def seq(self) -> str:  # STRING counter giving FIFO order within a priority
+        return f"{self.tag}:seq"
+
+    @property
+    def events(self) -> str:  # STREAM of transitions, capped with MAXLEN ~
+        return f"{self.tag}:events"
+
+    @property
+    def stats(self) -> str:  # HASH of counters: completed, failed, retrying
+        return f"{self.tag}:stats"
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalKeys:
+    prefix: str
+
+    @property
+    def queues(self) -> str:  # SET of queue names ever enqueued to
+        return "{" + self.prefix + "}:queues"
+
+    @property
+    def workers(self) -> str:  # ZSET worker id -> expiry ms
+        return "{" + self.prefix + "}:workers"
+
+    def worker(self, worker_id: str) -> str:  # STRING JSON info, with a TTL
+        return "{" + self.prefix + "}:worker:" + worker_id

@@ -1,0 +1,45 @@
+--[[ fail: active -> retrying (backoff pending) or -> failed, for the lease holder only.
+
+KEYS[1] job        HASH
+KEYS[2] active     ZSET
+KEYS[3] scheduled  ZSET
+KEYS[4] wake       LIST
+KEYS[5] events     STREAM
+KEYS[6] stats      HASH
+KEYS[7] done       LIST (outcome for waiters)
+
+ARGV[1] now (ms; 0 = server TIME)
+ARGV[2] events MAXLEN
+ARGV[3] job id
+ARGV[4] fencing token of the caller's claim
+ARGV[5] error (JSON bytes)
+ARGV[6] retry delay (ms from now, by this script's clock) used when the job may retry
+ARGV[7] permanent (1 = no further attempts)
+
+Returns: 2 failed for good; 3 retrying; 0 lease lost (nothing written).
+Events: 'retrying' or 'failed'. A retry wakes idle workers so they re-read the next due time.
+]]
+--@include common
+
+local job_key, active_key, scheduled_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events_key, stats_key, done_key = KEYS[5], KEYS[6], KEYS[7]
+local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'attempts', 'max_attempts')
+if f[1] ~= 'active' or f[2] ~= ARGV[4] then return 0 end
+
+local now = now_ms(ARGV[1])
+local id = ARGV[3]
+redis.call('HSET', job_key, 'error', ARGV[5])
+redis.call('ZREM', active_key, id)
+if ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
+  finish(job_key, done_key, stats_key, 'failed', ARGV[5], now)
+  emit(events_key, ARGV[2], id, 'failed', now, f[3])
+  return 2
+end
+
+local retry_at = now + math.max(tonumber(ARGV[6]), 0)
+redis.call('HSET', job_key, 'state', 'retrying', 'run_at', fmt(retry_at))
+redis.call('HINCRBY', stats_key, 'retrying', 1)
+redis.call('ZADD', scheduled_key, retry_at, id)
+emit(events_key, ARGV[2], id, 'retrying', now, f[3])
+wake(wake_key)
+return 3

@@ -1,0 +1,71 @@
+-- Shared helpers, inlined by the loader where a script says `--@include common`.
+-- Integers are written with %d so hash fields never hold "1.7e+12" forms.
+
+local function fmt(n) return string.format('%d', n) end
+
+-- Epoch milliseconds: the caller's injected clock when ARGV gave one (> 0), else the server's
+-- TIME, so that leases never depend on a worker's clock.
+local function now_ms(arg)
+  local n = tonumber(arg)
+  if n and n > 0 then return n end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Ordering score of a queued job: priority first (lower first), then enqueue sequence (FIFO).
+local PRIORITY_SHIFT = 4398046511104  -- 2^42; priorities are bounded to +-1000 at the edge
+local function queued_score(priority, seq)
+  return tonumber(priority) * PRIORITY_SHIFT + tonumber(seq)
+end
+
+local function emit(events_key, maxlen, job_id, kind, now, worker)
+  if worker then
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+      'job', job_id, 'kind', kind, 'at', fmt(now), 'worker', worker)
+  else
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+      'job', job_id, 'kind', kind, 'at', fmt(now))
+  end
+end
+
+-- Wake one idle worker. The list holds at most one marker: a claimer that leaves work behind
+-- pushes it again, so a burst wakes workers one after another without piling markers up.
+local function wake(wake_key)
+  redis.call('LPUSH', wake_key, '1')
+  redis.call('LTRIM', wake_key, 0, 0)
+end
+
+-- Close a job in a final state: stamp it, make the record expire after its result TTL (its id
+-- stays deduplicated until then), count it, and hand the outcome to every registered waiter.
+local function finish(job_key, done_key, stats_key, state, body, now)
+  redis.call('HSET', job_key, 'state', state, 'finished', fmt(now))
+  local ttl = tonumber(redis.call('HGET', job_key, 'result_ttl'))
+  redis.call('PEXPIRE', job_key, ttl)
+  if state ~= 'cancelled' then redis.call('HINCRBY', stats_key, state, 1) end
+  local waiters = tonumber(redis.call('HGET', job_key, 'waiters') or '0')
+  if waiters > 0 then
+    local message = state .. '\n' .. (body or '')
+    for _ = 1, waiters do redis.call('RPUSH', done_key, message) end
+    redis.call('HSET', job_key, 'waiters', 0)
+    -- A waiter that is there pops at once; this only bounds what a timed-out waiter leaves.
+    redis.call('PEXPIRE', done_key, math.min(ttl, 60000))
+  end
+end
+
+-- Move due scheduled / retrying jobs to queued (at most `limit`). Returns how many moved.
+local function promote_due(job_prefix, scheduled_key, queued_key, stats_key, events_key,
+                           maxlen, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', fmt(now), 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do
+    local job_key = job_prefix .. id
+    local f = redis.call('HMGET', job_key, 'state', 'priority', 'seq')
+    if f[1] == 'retrying' then redis.call('HINCRBY', stats_key, 'retrying', -1) end
+    if f[1] then
+      redis.call('HSET', job_key, 'state', 'queued')
+      redis.call('ZADD', queued_key, queued_score(f[2], f[3]), id)
+      emit(events_key, maxlen, id, 'queued', now)
+    end
+    redis.call('ZREM', scheduled_key, id)
+  end
+  return #due
+end

@@ -1,0 +1,353 @@
+"""Redis backend: every transition is one Lua script (``lua/``), one round trip."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...job import (
+    AckOutcome,
+    CancelOutcome,
+    ClaimedJob,
+    EnqueueOutcome,
+    Event,
+    FinalOutcome,
+    JobRecord,
+    NewJob,
+    StoredEnqueue,
+)
+from ...states import JobState
+from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .connection import MAX_BLOCK_SECONDS
+from .keys import GlobalKeys, QueueKeys
+from .scripts import Scripts
+
+_ENQUEUE_CODES = {
+    1: EnqueueOutcome.QUEUED,
+    2: EnqueueOutcome.DUPLICATE,
+    3: EnqueueOutcome.COMPLETED,
+}
+_FAIL_CODES = {0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING}
+ENQUEUE_CHUNK = 500  # jobs per enqueue script call in bulk: bounds how long one call blocks Redis
+
+
+def _s(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _i(value: bytes | str | None, default: int | None = 0) -> int | None:
+    return default if value in (None, b"", "") else int(value)
+
+
+class RedisStorage(Storage):
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "jobq",
+        events_maxlen: int = 10_000,
+        clock: Clock | None = None,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.events_maxlen = events_maxlen
+        self.clock = clock
+        self.scripts = Scripts(client)
+        self.global_keys = GlobalKeys(prefix)
+        self._keys: dict[str, QueueKeys] = {}
+
+    def keys(self, queue: str) -> QueueKeys:
+        k = self._keys.get(queue)
+        if k is None:
+            k = self._keys[queue] = QueueKeys.for_queue(self.prefix, queue)
+        return k
+
+    def _now_arg(self) -> int:
+        return self.clock() if self.clock else 0  # 0: the script reads the server's TIME
+
+    def _now(self) -> int:
+        if self.clock:
+            return self.clock()
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
+
+    # -- producer ---------------------------------------------------------------------------
+
+    def _enqueue_call(self, queue: str, jobs: Sequence[NewJob]) -> tuple[str, list, list]:
+        k = self.keys(queue)
+        args: list[Any] = [self._now_arg(), self.events_maxlen, 12]
+        for j in jobs:
+            o = j.options
+            args += [
+                j.job_id, j.payload, j.content_type, o.max_attempts, o.result_ttl,
+                o.min_backoff, o.max_backoff, o.max_stalls, o.priority, j.run_at or 0,
+                1 if j.waiter else 0, j.delay,
+            ]  # fmt: skip
+        return "enqueue", [k.job_prefix, k.queued, k.scheduled, k.wake, k.seq, k.events], args
+
+    @staticmethod
+    def _parse_enqueue(jobs: Sequence[NewJob], raw: list) -> list[StoredEnqueue]:
+        out = []
+        for i, job in enumerate(jobs):
+            code, state, result, error = raw[4 * i : 4 * i + 4]
+            out.append(
+                StoredEnqueue(
+                    _ENQUEUE_CODES[code],
+                    job.job_id,
+                    JobState(_s(state)),
+                    result or None,
+                    error or None,
+                )  # fmt: skip
+            )
+        return out
+
+    def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
+        raw = self.scripts.call(*self._enqueue_call(queue, [job]))
+        return self._parse_enqueue([job], raw)[0]
+
+    def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
+        chunks = [jobs[i : i + ENQUEUE_CHUNK] for i in range(0, len(jobs), ENQUEUE_CHUNK)]
+        raws = self.scripts.call_many([self._enqueue_call(queue, c) for c in chunks])
+        out: list[StoredEnqueue] = []
+        for chunk, raw in zip(chunks, raws, strict=True):
+            out += self._parse_enqueue(chunk, raw)
+        return out
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def claim(self, queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "claim",
+            [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats],
+            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000],
+        )
+        batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
+        for i in range(1, len(raw), 8):
+            job_id, token, attempt, max_attempts, min_b, max_b, ctype, payload = raw[i : i + 8]
+            batch.jobs.append(
+                ClaimedJob(
+                    queue,
+                    _s(job_id),
+                    payload,
+                    token,
+                    attempt,
+                    max_attempts,
+                    min_b,
+                    max_b,
+                    _s(ctype) or "json",
+                )  # fmt: skip
+            )
+        return batch
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        # BLPOP takes several keys only when they share a slot; in Redis Cluster run one worker
+        # (or one claim loop) per queue. A timeout of 0 would block forever: never pass it.
+        timeout = min(max(timeout, 0.001), MAX_BLOCK_SECONDS)
+        self.client.blpop([self.keys(q).wake for q in queues], timeout=timeout)
+
+    def heartbeat(
+        self, queue: str, worker_id: str, leases: Sequence[tuple[str, int]], lease_ms: int
+    ) -> list[str]:
+        if not leases:
+            return []
+        k = self.keys(queue)
+        args: list[Any] = [self._now_arg(), worker_id, lease_ms]
+        for job_id, token in leases:
+            args += [job_id, token]
+        lost = self.scripts.call("heartbeat", [k.job_prefix, k.active], args)
+        return [_s(x) for x in lost]
+
+    def _ack_call(self, queue: str, ack: Ack) -> tuple[str, list, list]:
+        k = self.keys(queue)
+        head = [self._now_arg(), self.events_maxlen, ack.job_id, ack.token]
+        if ack.kind == "complete":
+            keys = [k.job(ack.job_id), k.active, k.events, k.stats, k.done(ack.job_id)]
+            return "complete", keys, [*head, ack.body]
+        if ack.kind == "fail":
+            keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.stats]
+            keys.append(k.done(ack.job_id))
+            args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent else 0]
+            return "fail", keys, args
+        keys = [k.job(ack.job_id), k.active, k.queued, k.wake, k.events]
+        return "release", keys, head
+
+    @staticmethod
+    def _parse_ack(kind: str, raw: int) -> AckOutcome:
+        if kind == "fail":
+            return _FAIL_CODES[raw]
+        if raw == 0:
+            return AckOutcome.LEASE_LOST
+        return AckOutcome.COMPLETED if kind == "complete" else AckOutcome.RELEASED
+
+    def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
+        raws = self.scripts.call_many([self._ack_call(queue, a) for a in acks])
+        return [self._parse_ack(a.kind, r) for a, r in zip(acks, raws, strict=True)]
+
+    def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
+        return self._ack(queue, Ack("complete", job_id, token, result))
+
+    def fail(
+        self,
+        queue: str,
+        job_id: str,
+        token: int,
+        error: bytes,
+        *,
+        retry_in: int | None = None,
+        permanent: bool = False,
+    ) -> AckOutcome:
+        return self._ack(queue, Ack("fail", job_id, token, error, retry_in, permanent))
+
+    def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
+        return self._ack(queue, Ack("release", job_id, token))
+
+    def _ack(self, queue: str, ack: Ack) -> AckOutcome:
+        return self._parse_ack(ack.kind, self.scripts.call(*self._ack_call(queue, ack)))
+
+    # -- management -------------------------------------------------------------------------
+
+    def cancel(self, queue: str, job_id: str) -> CancelOutcome:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "cancel",
+            [k.job(job_id), k.queued, k.scheduled, k.events, k.stats, k.done(job_id)],
+            [self._now_arg(), self.events_maxlen, job_id],
+        )
+        return CancelOutcome(_s(raw))
+
+    def get_record(self, queue: str, job_id: str) -> JobRecord | None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys(queue).job(job_id))
+        pipe.pttl(self.keys(queue).job(job_id))
+        raw, pttl = pipe.execute()
+        if not raw:
+            return None
+        f = {_s(key): value for key, value in raw.items()}
+        finished = _i(f.get("finished"), None)
+        return JobRecord(
+            queue=queue,
+            job_id=job_id,
+            state=JobState(_s(f["state"])),
+            attempts=_i(f.get("attempts")),
+            max_attempts=_i(f.get("max_attempts")),
+            stalls=_i(f.get("stalls")),
+            max_stalls=_i(f.get("max_stalls")),
+            priority=_i(f.get("priority")),
+            created_at=_i(f.get("created")),
+            run_at=_i(f.get("run_at"), None),
+            started_at=_i(f.get("started"), None),
+            finished_at=finished,
+            worker=_s(f.get("worker")),
+            result_ttl=_i(f.get("result_ttl")),
+            content_type=_s(f.get("ctype")) or "json",
+            payload=f.get("payload"),
+            result=f.get("result"),
+            error=f.get("error"),
+            expires_at=int(time.time() * 1000) + pttl if pttl and pttl > 0 else None,
+        )
+
+    def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
+        done_key = self.keys(queue).done(job_id)
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            popped = self.client.blpop([done_key], timeout=min(remaining, MAX_BLOCK_SECONDS))
+            if popped:
+                state, _, body = popped[1].partition(b"\n")
+                st = JobState(state.decode())
+                return FinalOutcome(
+                    st,
+                    body if st is JobState.COMPLETED else None,
+                    body if st is JobState.FAILED else None,
+                )
+        # A push may have raced our last timeout: the record has the final word.
+        record = self.get_record(queue, job_id)
+        if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+            return FinalOutcome(record.state, record.result, record.error)
+        return None
+
+    def reap(self, queue: str, limit: int = 1000) -> ReapReport:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "reap",
+            [k.job_prefix, k.done_prefix, k.active, k.queued, k.scheduled, k.wake, k.events,
+             k.stats],
+            [self._now_arg(), self.events_maxlen, limit],
+        )  # fmt: skip
+        promoted, n_requeued = raw[0], raw[1]
+        ids = [_s(x) for x in raw[2:]]
+        return ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
+
+    def counts(self, queue: str) -> dict[JobState, int]:
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.queued)
+        pipe.zcard(k.active)
+        pipe.zcard(k.scheduled)
+        pipe.hmget(k.stats, "retrying", "completed", "failed")
+        queued, active, scheduled, (retrying, completed, failed) = pipe.execute()
+        retrying = _i(retrying)
+        return {
+            JobState.SCHEDULED: scheduled - retrying,
+            JobState.QUEUED: queued,
+            JobState.ACTIVE: active,
+            JobState.RETRYING: retrying,
+            JobState.COMPLETED: _i(completed),
+            JobState.FAILED: _i(failed),
+        }
+
+    def read_events(
+        self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
+    ) -> list[Event]:
+        key = self.keys(queue).events
+        block_ms = None if not block else int(min(block, MAX_BLOCK_SECONDS) * 1000)
+        reply = self.client.xread({key: after}, count=count, block=block_ms)
+        events = []
+        for _stream, entries in reply or []:
+            for event_id, fields in entries:
+                f = {_s(a): _s(b) for a, b in fields.items()}
+                events.append(
+                    Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+                )
+        return events
+
+    def register_queue(self, queue: str) -> None:
+        self.client.sadd(self.global_keys.queues, queue)
+
+    def list_queues(self) -> list[str]:
+        return sorted(_s(q) for q in self.client.smembers(self.global_keys.queues))
+
+    # -- worker registry --------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, info: dict, ttl_ms: int) -> None:
+        now = self._now()
+        g = self.global_keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(g.worker(worker_id), json.dumps({**info, "last_seen": now}), px=ttl_ms)
+        pipe.zadd(g.workers, {worker_id: now + ttl_ms})
+        pipe.zremrangebyscore(g.workers, "-inf", now)
+        pipe.execute()
+
+    def deregister_worker(self, worker_id: str) -> None:
+        g = self.global_keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(g.worker(worker_id))
+        pipe.zrem(g.workers, worker_id)
+        pipe.execute()
+
+    def list_workers(self) -> list[WorkerRecord]:
+        g = self.global_keys
+        ids = [_s(x) for x in self.client.zrangebyscore(g.workers, self._now(), "+inf")]
+        if not ids:
+            return []
+        out = []
+        for worker_id, raw in zip(ids, self.client.mget([g.worker(i) for i in ids]), strict=True):
+            if raw:
+                info = json.loads(raw)
+                out.append(WorkerRecord(worker_id, info, int(info.pop("last_seen", 0))))
+        return out
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,348 @@
+"""The worker: a claim loop feeding a thread pool, one acker batching verdicts, one heartbeat.
+
+Threads and why:
+- fetcher (the caller's thread): claims up to the free slots in one call per queue and, when
+  nothing is claimable, blocks on the storage's wake-up signal (no sleep-polling);
+- N handler threads: run jobs; daemon threads, so a hung handler cannot keep the process alive
+  after shutdown has released its job;
+- acker: sends finished jobs' verdicts in batches (one round trip for many), then frees slots;
+- heartbeat: extends all leases in one call per queue, refreshes the worker record, and sweeps
+  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as stdqueue
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .conf import get_storage, jobq_settings
+from .errors import ConfigurationError
+from .execution import execute, make_job
+from .job import AckOutcome, ClaimedJob, Job
+from .registry import HandlerRegistry, registry
+from .storage.base import Ack, Storage
+from .validation import validate_job_id, validate_queue_name
+
+logger = logging.getLogger("django_jobq.worker")
+
+
+@dataclass(slots=True)
+class _InFlight:
+    claimed: ClaimedJob
+    job: Job
+    running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
+
+
+class Worker:
+    def __init__(
+        self,
+        queues: Sequence[str],
+        *,
+        storage: Storage | None = None,
+        handlers: HandlerRegistry = registry,
+        concurrency: int | None = None,
+        lease: int | None = None,
+        grace: float | None = None,
+        batch: int | None = None,
+        reap_interval: float | None = None,
+        worker_id: str | None = None,
+        idle_timeout: float = 1.0,
+    ) -> None:
+        conf = jobq_settings()["WORKER"]
+        if not queues:
+            raise ConfigurationError("a worker needs at least one queue")
+        self.queues = [validate_queue_name(q) for q in queues]
+        self.storage = storage if storage is not None else get_storage()
+        self.handlers = handlers
+        self.concurrency = concurrency or conf["concurrency"]
+        self.lease = lease or conf["lease"]
+        self.grace = conf["grace"] if grace is None else grace
+        self.batch = batch or self.concurrency
+        self.reap_interval = conf["reap_interval"] if reap_interval is None else reap_interval
+        host = socket.gethostname().replace(":", "-")
+        self.worker_id = validate_job_id(
+            worker_id or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"[-128:]
+        )
+        self.idle_timeout = idle_timeout
+        self.heartbeat_interval = self.lease / 3000
+        self.stats = {"completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0}
+        self._free = self.concurrency
+        self._cond = threading.Condition()
+        self._inflight: dict[tuple[str, str], _InFlight] = {}
+        self._work: stdqueue.SimpleQueue[ClaimedJob | None] = stdqueue.SimpleQueue()
+        self._acks: stdqueue.SimpleQueue[tuple[str, Ack] | None] = stdqueue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._hurry = threading.Event()  # second signal: skip the grace period
+        self._threads: list[threading.Thread] = []
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def check(self) -> None:
+        missing = [q for q in self.queues if self.handlers.get(q) is None]
+        if missing:
+            raise ConfigurationError(
+                f"no handler registered for queue(s) {missing}; known: {self.handlers.queues()}"
+            )
+
+    def run(self) -> None:
+        """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
+        self.check()
+        self._start_threads()
+        self._register()
+        logger.info(
+            "worker %s serving %s (concurrency %d, lease %d ms)",
+            self.worker_id, self.queues, self.concurrency, self.lease,
+        )  # fmt: skip
+        self.started.set()
+        try:
+            self._fetch_loop()
+        finally:
+            self._shutdown()
+            self.stopped.set()
+
+    def start(self) -> threading.Thread:
+        """Run in a background thread (embedding, tests); returns once the worker is serving."""
+        thread = threading.Thread(target=self.run, name=f"jobq-worker-{self.worker_id}")
+        thread.daemon = True
+        thread.start()
+        self.started.wait(10)
+        return thread
+
+    def stop(self, *, hurry: bool = False) -> None:
+        """Stop claiming. In-flight jobs get ``grace`` seconds (none when ``hurry``)."""
+        if hurry:
+            self._hurry.set()
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _start_threads(self) -> None:
+        for i in range(self.concurrency):
+            self._spawn(self._handler_loop, f"jobq-handler-{i}")
+        self._spawn(self._ack_loop, "jobq-acker")
+        self._spawn(self._heartbeat_loop, "jobq-heartbeat")
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def _fetch_loop(self) -> None:
+        rotation, failures = 0, 0
+        while not self._stopping.is_set():
+            with self._cond:
+                while self._free == 0 and not self._stopping.is_set():
+                    self._cond.wait()
+            if self._stopping.is_set():
+                return
+            try:
+                claimed, wait = self._claim_round(rotation)
+                failures = 0
+            except Exception as exc:  # storage unreachable: back off, never crash
+                failures += 1
+                delay = min(5.0, 0.1 * 2**failures)
+                logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                self._stopping.wait(delay)
+                continue
+            rotation += 1
+            if not claimed:
+                try:
+                    self.storage.wait_for_jobs(self.queues, wait)
+                except Exception as exc:
+                    logger.warning("wait for jobs failed (%s)", exc)
+                    self._stopping.wait(0.5)
+
+    def _claim_round(self, rotation: int) -> tuple[int, float]:
+        """One claim per queue (rotating which goes first); returns (claimed, idle wait)."""
+        claimed, wait = 0, self.idle_timeout
+        for i in range(len(self.queues)):
+            name = self.queues[(rotation + i) % len(self.queues)]
+            with self._cond:
+                want = min(self._free, self.batch)
+            if want == 0:
+                break
+            batch = self.storage.claim(name, self.worker_id, want, self.lease)
+            if batch.next_due_in is not None:
+                wait = min(wait, max(batch.next_due_in / 1000, 0.001))
+            if batch.jobs:
+                self._dispatch(batch.jobs)
+                claimed += len(batch.jobs)
+        return claimed, wait
+
+    def _dispatch(self, jobs: list[ClaimedJob]) -> None:
+        with self._cond:
+            self._free -= len(jobs)
+            for claimed in jobs:
+                self._inflight[(claimed.queue, claimed.job_id)] = _InFlight(
+                    claimed, make_job(claimed, None)
+                )
+        for claimed in jobs:
+            self._work.put(claimed)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _handler_loop(self) -> None:
+        while (claimed := self._work.get()) is not None:
+            with self._cond:
+                entry = self._inflight.get((claimed.queue, claimed.job_id))
+                if entry is None or entry.claimed.token != claimed.token:
+                    continue  # released during shutdown before it started
+                entry.running = True
+            ack = execute(claimed, self.handlers, entry.job)
+            self._acks.put((claimed.queue, ack))
+
+    def _ack_loop(self) -> None:
+        done = False
+        while not done:
+            first = self._acks.get()
+            items = [first]
+            while len(items) < 1000:
+                try:
+                    items.append(self._acks.get_nowait())
+                except stdqueue.Empty:
+                    break
+            done = None in items
+            batches: dict[str, list[Ack]] = defaultdict(list)
+            for item in items:
+                if item is not None:
+                    batches[item[0]].append(item[1])
+            for name, acks in batches.items():
+                self._send_acks(name, acks)
+
+    def _send_acks(self, name: str, acks: list[Ack]) -> None:
+        failures = 0
+        while True:
+            try:
+                outcomes = self.storage.ack_many(name, acks)
+                break
+            except Exception as exc:  # keep the verdicts: the lease decides if they still count
+                failures += 1
+                if failures > 50:
+                    logger.error("giving up on %d verdicts for %s: %s", len(acks), name, exc)
+                    outcomes = [AckOutcome.LEASE_LOST] * len(acks)
+                    break
+                logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
+                time.sleep(min(2.0, 0.05 * 2**failures))
+        with self._cond:
+            for ack, outcome in zip(acks, outcomes, strict=True):
+                entry = self._inflight.get((name, ack.job_id))
+                if entry is not None and entry.claimed.token == ack.token:
+                    del self._inflight[(name, ack.job_id)]
+                    self._free += 1
+                self._count(name, ack, outcome)
+            self._cond.notify_all()
+
+    def _count(self, name: str, ack: Ack, outcome: AckOutcome) -> None:
+        key = {
+            AckOutcome.COMPLETED: "completed",
+            AckOutcome.FAILED: "failed",
+            AckOutcome.RETRYING: "retried",
+            AckOutcome.RELEASED: "released",
+        }.get(outcome, "lost")
+        self.stats[key] += 1
+        if outcome is AckOutcome.LEASE_LOST:
+            logger.warning(
+                "[%s/%s] verdict %s refused: lease was reclaimed (another attempt owns the job)",
+                name, ack.job_id, ack.kind,
+            )  # fmt: skip
+
+    # -- heartbeat --------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        last_reap = time.monotonic()
+        while not self.stopped.wait(self.heartbeat_interval):
+            try:
+                self._heartbeat()
+                if self.reap_interval and time.monotonic() - last_reap >= self.reap_interval:
+                    last_reap = time.monotonic()
+                    for name in self.queues:
+                        report = self.storage.reap(name)
+                        if report.requeued or report.failed:
+                            logger.warning(
+                                "requeued stalled jobs %s, failed %s on %s",
+                                report.requeued, report.failed, name,
+                            )  # fmt: skip
+            except Exception as exc:
+                logger.warning("heartbeat failed (%s); leases may lapse", exc)
+
+    def _heartbeat(self) -> None:
+        with self._cond:
+            by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for (name, job_id), entry in self._inflight.items():
+                by_queue[name].append((job_id, entry.claimed.token))
+        for name, leases in by_queue.items():
+            for job_id in self.storage.heartbeat(name, self.worker_id, leases, self.lease):
+                with self._cond:
+                    entry = self._inflight.get((name, job_id))
+                if entry is not None:
+                    logger.warning("[%s/%s] lease lost; asking the handler to stop", name, job_id)
+                    entry.job.cancel_event.set()
+        self._register()
+
+    def _register(self) -> None:
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "in_flight": len(self._inflight),
+            **self.stats,
+        }
+        self.storage.register_worker(self.worker_id, info, int(self.heartbeat_interval * 3000))
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + (0 if self._hurry.is_set() else self.grace)
+        with self._cond:
+            # Claimed but not started: hand back now rather than start work while stopping.
+            waiting = [key for key, entry in self._inflight.items() if not entry.running]
+            unstarted = [self._inflight.pop(key) for key in waiting]
+        for entry in unstarted:
+            self._release(entry.claimed)
+        with self._cond:
+            if self._inflight:
+                logger.info("waiting up to %.1fs for %d jobs", self.grace, len(self._inflight))
+            while self._inflight and not self._hurry.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, 0.5))
+            leftovers = list(self._inflight.values())
+            self._inflight.clear()
+        for entry in leftovers:
+            entry.job.cancel_event.set()
+            self._release(entry.claimed)
+        for _ in range(self.concurrency):
+            self._work.put(None)
+        self._acks.put(None)
+        for thread in self._threads:
+            if thread.name == "jobq-acker":
+                thread.join(timeout=10)
+        try:
+            self.storage.deregister_worker(self.worker_id)
+        except Exception as exc:
+            logger.warning("could not deregister worker %s: %s", self.worker_id, exc)
+        logger.info("worker %s stopped: %s", self.worker_id, self.stats)
+
+    def _release(self, claimed: ClaimedJob) -> None:
+        try:
+            outcome = self.storage.release(claimed.queue, claimed.job_id, claimed.token)
+        except Exception as exc:  # the lease will expire and the reaper requeues it
+            logger.warning("[%s/%s] release failed: %s", claimed.queue, claimed.job_id, exc)
+            return
+        self.stats["released"] += outcome is AckOutcome.RELEASED
+        logger.info("[%s/%s] released back to the queue (%s)", claimed.queue, claimed.job_id,
+                    outcome.value)  # fmt: skip
