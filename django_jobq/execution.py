@@ -28,7 +28,7 @@ BACKOFF_JITTER = 0.25  # a retry waits between base and base * 1.25, spreading t
 def backoff_ms(attempt: int, min_backoff: int, max_backoff: int, rng: random.Random) -> int:
     """Exponential backoff after failed ``attempt`` (1-based): min * 2^(attempt-1), capped at
     max, plus up to 25 % jitter (still capped), so retries of a burst do not arrive together."""
-    base = min(max_backoff, min_backoff * 2 ** max(attempt - 1, 0))
+    base = min(max_backoff, min_backoff * 2 ** min(max(attempt - 1, 0), 62))
     return int(min(max_backoff, base * (1 + BACKOFF_JITTER * rng.random())))
 
 

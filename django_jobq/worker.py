@@ -76,7 +76,9 @@ class Worker:
         self.stats = {"completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0}
         self._free = self.concurrency
         self._cond = threading.Condition()
-        self._inflight: dict[tuple[str, str], _InFlight] = {}
+        # Keyed by (queue, id, token): a stalled attempt still running here and a newer claim of
+        # the same job are two entries, each freeing its own slot when its verdict is sent.
+        self._inflight: dict[tuple[str, str, int], _InFlight] = {}
         self._work: stdqueue.SimpleQueue[ClaimedJob | None] = stdqueue.SimpleQueue()
         self._acks: stdqueue.SimpleQueue[tuple[str, Ack] | None] = stdqueue.SimpleQueue()
         self._stopping = threading.Event()
@@ -125,6 +127,14 @@ class Worker:
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
+        try:
+            self.storage.interrupt_wait(self.queues, self.worker_id)
+        except Exception as exc:  # storage down: the wait ends at its timeout anyway
+            logger.debug("could not interrupt the claim wait: %s", exc)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def _start_threads(self) -> None:
         for i in range(self.concurrency):
@@ -159,7 +169,7 @@ class Worker:
             rotation += 1
             if not claimed:
                 try:
-                    self.storage.wait_for_jobs(self.queues, wait)
+                    self.storage.wait_for_jobs(self.queues, wait, self.worker_id)
                 except Exception as exc:
                     logger.warning("wait for jobs failed (%s)", exc)
                     self._stopping.wait(0.5)
@@ -185,7 +195,7 @@ class Worker:
         with self._cond:
             self._free -= len(jobs)
             for claimed in jobs:
-                self._inflight[(claimed.queue, claimed.job_id)] = _InFlight(
+                self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, make_job(claimed, None)
                 )
         for claimed in jobs:
@@ -196,8 +206,8 @@ class Worker:
     def _handler_loop(self) -> None:
         while (claimed := self._work.get()) is not None:
             with self._cond:
-                entry = self._inflight.get((claimed.queue, claimed.job_id))
-                if entry is None or entry.claimed.token != claimed.token:
+                entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
+                if entry is None:
                     continue  # released during shutdown before it started
                 entry.running = True
             ack = execute(claimed, self.handlers, entry.job)
@@ -237,9 +247,7 @@ class Worker:
                 time.sleep(min(2.0, 0.05 * 2**failures))
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
-                entry = self._inflight.get((name, ack.job_id))
-                if entry is not None and entry.claimed.token == ack.token:
-                    del self._inflight[(name, ack.job_id)]
+                if self._inflight.pop((name, ack.job_id, ack.token), None) is not None:
                     self._free += 1
                 self._count(name, ack, outcome)
             self._cond.notify_all()
@@ -280,12 +288,12 @@ class Worker:
     def _heartbeat(self) -> None:
         with self._cond:
             by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
-            for (name, job_id), entry in self._inflight.items():
-                by_queue[name].append((job_id, entry.claimed.token))
+            for name, job_id, token in self._inflight:
+                by_queue[name].append((job_id, token))
         for name, leases in by_queue.items():
-            for job_id in self.storage.heartbeat(name, self.worker_id, leases, self.lease):
+            for job_id, token in self.storage.heartbeat(name, self.worker_id, leases, self.lease):
                 with self._cond:
-                    entry = self._inflight.get((name, job_id))
+                    entry = self._inflight.get((name, job_id, token))
                 if entry is not None:
                     logger.warning("[%s/%s] lease lost; asking the handler to stop", name, job_id)
                     entry.job.cancel_event.set()

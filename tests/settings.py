@@ -14,4 +14,9 @@ INSTALLED_APPS = [
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("JOBQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-JOBQ = {"BACKEND": "redis", "REDIS_URL": REDIS_URL, "PREFIX": "jobqtest"}
+# Subprocess tests (runworker, runreaper) pass their test's own key prefix through the env.
+JOBQ = {
+    "BACKEND": "redis",
+    "REDIS_URL": REDIS_URL,
+    "PREFIX": os.environ.get("JOBQ_TEST_PREFIX", "jobqtest"),
+}

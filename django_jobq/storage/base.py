@@ -106,15 +106,23 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
-        """Block until a job may be claimable on one of ``queues`` or ``timeout`` seconds pass."""
+    def wait_for_jobs(
+        self, queues: Sequence[str], timeout: float, worker_id: str | None = None
+    ) -> None:
+        """Block until a job may be claimable on one of ``queues``, ``interrupt_wait`` is called
+        for ``worker_id``, or ``timeout`` seconds pass."""
+
+    @abc.abstractmethod
+    def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
+        """Wake ``worker_id`` out of ``wait_for_jobs`` at once (used by shutdown)."""
 
     @abc.abstractmethod
     def heartbeat(
         self, queue: str, worker_id: str, leases: Sequence[tuple[str, int]], lease_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int]]:
         """Extend every lease in ``(job_id, token)`` pairs still held by this worker to
-        ``now + lease_ms``, in one call. Returns the ids whose lease was lost."""
+        ``now + lease_ms``, in one call. Returns the pairs whose lease was lost (reclaimed,
+        finished or gone); the token tells an old attempt from a newer one of the same job."""
 
     @abc.abstractmethod
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:

@@ -77,6 +77,7 @@ class MemoryStorage(Storage):
         self._queues: dict[str, _Queue] = {}
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
         self._event_seq = itertools.count(1)
+        self._interrupted: dict[str, bool] = {}
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -208,11 +209,22 @@ class MemoryStorage(Storage):
             batch.next_due_in = None if due is None else max(due - now, 0)
             return batch
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+    def wait_for_jobs(
+        self, queues: Sequence[str], timeout: float, worker_id: str | None = None
+    ) -> None:
         with self._cond:
+            if worker_id is not None and self._interrupted.pop(worker_id, False):
+                return
             if any(self._q(name).queued for name in queues):
                 return
             self._cond.wait(timeout)
+            if worker_id is not None:
+                self._interrupted.pop(worker_id, None)
+
+    def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
+        with self._cond:
+            self._interrupted[worker_id] = True
+            self._cond.notify_all()
 
     def _owned(self, q: _Queue, job_id: str, token: int) -> _Rec | None:
         rec = q.jobs.get(job_id)
@@ -222,7 +234,7 @@ class MemoryStorage(Storage):
 
     def heartbeat(
         self, queue: str, worker_id: str, leases: Sequence[tuple[str, int]], lease_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int]]:
         with self._cond:
             now = self._now()
             q = self._q(queue)
@@ -230,7 +242,7 @@ class MemoryStorage(Storage):
             for job_id, token in leases:
                 rec = self._owned(q, job_id, token)
                 if rec is None or rec.worker != worker_id:
-                    lost.append(job_id)
+                    lost.append((job_id, token))
                 else:
                     rec.deadline = now + lease_ms
             return lost

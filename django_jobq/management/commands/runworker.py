@@ -43,7 +43,7 @@ class Command(BaseCommand):
 
         def on_signal(signum, frame):
             # First signal: graceful (finish in-flight within grace). Second: hurry.
-            worker.stop(hurry=worker._stopping.is_set())
+            worker.stop(hurry=worker.stopping)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

@@ -51,6 +51,9 @@ class QueueKeys:
     def wake(self) -> str:  # LIST of at most one marker; idle workers BLPOP it
         return f"{self.tag}:wake"
 
+    def worker_wake(self, worker_id: str) -> str:  # LIST: wakes one worker out of its BLPOP
+        return f"{self.tag}:wake:{worker_id}"
+
     @property
     def seq(self) -> str:  # STRING counter giving FIFO order within a priority
         return f"{self.tag}:seq"

@@ -142,15 +142,27 @@ class RedisStorage(Storage):
             )
         return batch
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+    def wait_for_jobs(
+        self, queues: Sequence[str], timeout: float, worker_id: str | None = None
+    ) -> None:
         # BLPOP takes several keys only when they share a slot; in Redis Cluster run one worker
-        # (or one claim loop) per queue. A timeout of 0 would block forever: never pass it.
+        # per queue. A timeout of 0 would block forever: never pass it.
         timeout = min(max(timeout, 0.001), MAX_BLOCK_SECONDS)
-        self.client.blpop([self.keys(q).wake for q in queues], timeout=timeout)
+        keys = [self.keys(q).wake for q in queues]
+        if worker_id is not None:
+            keys.append(self.keys(queues[0]).worker_wake(worker_id))
+        self.client.blpop(keys, timeout=timeout)
+
+    def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
+        key = self.keys(queues[0]).worker_wake(worker_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(key, "1")
+        pipe.pexpire(key, 10_000)  # a worker that is gone must not leave it behind
+        pipe.execute()
 
     def heartbeat(
         self, queue: str, worker_id: str, leases: Sequence[tuple[str, int]], lease_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int]]:
         if not leases:
             return []
         k = self.keys(queue)
@@ -158,7 +170,7 @@ class RedisStorage(Storage):
         for job_id, token in leases:
             args += [job_id, token]
         lost = self.scripts.call("heartbeat", [k.job_prefix, k.active], args)
-        return [_s(x) for x in lost]
+        return [(_s(lost[i]), int(lost[i + 1])) for i in range(0, len(lost), 2)]
 
     def _ack_call(self, queue: str, ack: Ack) -> tuple[str, list, list]:
         k = self.keys(queue)

@@ -8,7 +8,8 @@ ARGV[2] worker id
 ARGV[3] lease (ms)
 ARGV[4..] pairs: job id, token
 
-Returns: the ids whose lease this worker no longer holds (reclaimed, finished or gone).
+Returns: flat pairs (id, token) whose lease this worker no longer holds (reclaimed,
+finished or gone).
 Events: none (a heartbeat is not a transition).
 ]]
 --@include common
@@ -25,6 +26,7 @@ for i = 4, #ARGV, 2 do
     redis.call('ZADD', active_key, 'XX', deadline, id)
   else
     table.insert(lost, id)
+    table.insert(lost, ARGV[i + 1])
   end
 end
 return lost

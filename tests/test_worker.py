@@ -1,0 +1,265 @@
+"""The worker in-process, on every backend: retries, shutdown, leases, registration."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from django_jobq import JobFailed, JobState
+from django_jobq.errors import PermanentError, Retry
+from django_jobq.queue import Queue
+from django_jobq.registry import HandlerRegistry
+from django_jobq.worker import Worker
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    """Bounded polling for test observations (never used by the product)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def handlers() -> HandlerRegistry:
+    return HandlerRegistry()
+
+
+@pytest.fixture
+def run_worker(live_storage, handlers):
+    workers = []
+
+    def start(**kwargs) -> Worker:
+        kwargs.setdefault("lease", 5000)
+        kwargs.setdefault("grace", 5)
+        w = Worker(["w"], storage=live_storage, handlers=handlers, **kwargs)
+        w.start()
+        workers.append(w)
+        return w
+
+    yield start
+    for w in workers:
+        w.stop(hurry=True)
+        assert w.stopped.wait(10)
+
+
+@pytest.fixture
+def q(live_storage) -> Queue:
+    return Queue("w", storage=live_storage)
+
+
+def test_failing_job_retries_with_backoff_then_fails_with_the_error(q, handlers, run_worker):
+    attempts = []
+
+    def flaky(job):
+        attempts.append((job.attempt, time.monotonic()))
+        raise ValueError(f"attempt {job.attempt}")
+
+    handlers.register("w", flaky)
+    run_worker()
+    with pytest.raises(JobFailed) as info:
+        q.enqueue_and_wait("f", 1, max_attempts=3, min_backoff=100, max_backoff=1000, timeout=10)
+    assert [a for a, _ in attempts] == [1, 2, 3]
+    gaps = [b - a for (_, a), (_, b) in zip(attempts, attempts[1:], strict=False)]
+    assert gaps[0] >= 0.09 and gaps[1] >= 0.19  # 100 ms then 200 ms (+ jitter)
+    assert info.value.error["message"] == "attempt 3"
+    status = q.get_status("f")
+    assert (status.state, status.attempts) == (JobState.FAILED, 3)
+
+
+def test_job_succeeding_on_a_retry_completes(q, handlers, run_worker):
+    def second_time_lucky(job):
+        if job.attempt == 1:
+            raise ConnectionError("flaky upstream")
+        return "ok"
+
+    handlers.register("w", second_time_lucky)
+    run_worker()
+    assert q.enqueue_and_wait("r", 1, min_backoff=10, timeout=5) == "ok"
+    assert q.get_status("r").attempts == 2
+
+
+def test_permanent_error_uses_one_attempt(q, handlers, run_worker):
+    calls = []
+
+    def perm(job):
+        calls.append(job.attempt)
+        raise PermanentError("never")
+
+    handlers.register("w", perm)
+    run_worker()
+    with pytest.raises(JobFailed):
+        q.enqueue_and_wait("p", 1, max_attempts=5, timeout=5)
+    assert calls == [1]
+
+
+def test_retry_request_sets_the_next_run_time(q, handlers, run_worker):
+    starts = []
+
+    def later(job):
+        starts.append(time.monotonic())
+        if job.attempt == 1:
+            raise Retry(retry_in=0.3)
+        return job.attempt
+
+    handlers.register("w", later)
+    run_worker()
+    assert q.enqueue_and_wait("rt", 1, min_backoff=1, max_backoff=1, timeout=5) == 2
+    assert starts[1] - starts[0] >= 0.29
+
+
+def test_many_jobs_all_complete_with_a_small_pool(q, handlers, run_worker):
+    handlers.register("w", lambda job: job.payload * 2)
+    w = run_worker(concurrency=3, batch=2)
+    q.enqueue_many([(f"j{i}", i) for i in range(300)])
+    assert wait_until(lambda: q.counts()[JobState.COMPLETED] == 300, 20)
+    assert q.get_result("j150").value == 300
+    assert w.stats["completed"] == 300
+
+
+def test_malformed_bytes_in_storage_fail_that_job_and_others_flow(
+    q, handlers, run_worker, live_storage
+):
+    from django_jobq.job import NewJob
+
+    handlers.register("w", lambda job: "fine")
+    live_storage.enqueue("w", NewJob("poison", b"\xff{{not json", q.defaults))
+    q.enqueue_many([(f"ok{i}", i) for i in range(20)])
+    run_worker()
+    assert wait_until(lambda: q.counts()[JobState.COMPLETED] == 20)
+    assert wait_until(lambda: q.get_status("poison").state is JobState.FAILED)
+    assert q.get_status("poison").error["type"] == "MalformedPayload"
+
+
+def test_graceful_stop_lets_the_running_job_finish(q, handlers, run_worker):
+    started = threading.Event()
+
+    def slow(job):
+        started.set()
+        time.sleep(0.5)
+        return "finished"
+
+    handlers.register("w", slow)
+    w = run_worker(grace=5)
+    q.enqueue("g", 1)
+    assert started.wait(5)
+    w.stop()
+    assert w.stopped.wait(5)
+    assert q.get_result("g").value == "finished"
+
+
+def test_stop_past_grace_releases_the_job_without_using_an_attempt(q, handlers, run_worker):
+    started, release = threading.Event(), threading.Event()
+
+    def stuck(job):
+        started.set()
+        release.wait(5)
+        return "late"
+
+    handlers.register("w", stuck)
+    w = run_worker(grace=0.2)
+    q.enqueue("stuck", 1)
+    assert started.wait(5)
+    w.stop()
+    assert w.stopped.wait(5)
+    status = q.get_status("stuck")
+    assert (status.state, status.attempts) == (JobState.QUEUED, 0)
+    release.set()
+
+
+def test_claimed_but_unstarted_jobs_are_released_at_once_on_stop(q, handlers, run_worker):
+    gate = threading.Event()
+    handlers.register("w", lambda job: gate.wait(5))
+    w = run_worker(concurrency=1, batch=1, grace=5)
+    q.enqueue_many([("first", 1)])
+    assert wait_until(lambda: q.get_status("first").state is JobState.ACTIVE)
+    q.enqueue("second", 2)
+    w.stop()
+    gate.set()
+    assert w.stopped.wait(5)
+    assert q.get_status("first").state is JobState.COMPLETED
+    assert q.get_status("second").state is JobState.QUEUED
+
+
+def test_heartbeats_keep_a_job_longer_than_its_lease(q, handlers, run_worker, live_storage):
+    handlers.register("w", lambda job: time.sleep(1.0) or job.attempt)
+    run_worker(lease=300, reap_interval=0.05)
+    assert q.enqueue_and_wait("long", 1, timeout=5) == 1
+    assert q.get_status("long").stalls == 0
+
+
+def test_reclaimed_attempt_is_told_to_stop_and_its_late_verdict_is_refused(
+    q, handlers, run_worker, live_storage, monkeypatch
+):
+    """Heartbeats fail for a while (network blip), the lease lapses, the reaper requeues the
+    job and this same worker claims it again: the old attempt's cancel flag is set, its verdict
+    is refused, the new attempt's result wins, and no concurrency slot leaks."""
+    calls, seen = [], {}
+
+    def handler(job):
+        calls.append(job.token)
+        if len(calls) == 1:
+            deadline = time.monotonic() + 5
+            while not job.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen["old_cancelled"] = job.is_cancelled()
+            return "stale attempt"
+        return "new attempt"
+
+    handlers.register("w", handler)
+    blip = threading.Event()
+    blip.set()
+    real_heartbeat = live_storage.heartbeat
+
+    def flaky_heartbeat(*args, **kwargs):
+        if blip.is_set():
+            raise ConnectionError("network blip")
+        return real_heartbeat(*args, **kwargs)
+
+    monkeypatch.setattr(live_storage, "heartbeat", flaky_heartbeat)
+    w = run_worker(lease=300, reap_interval=0, concurrency=2)
+    q.enqueue("lost", 1)
+    assert wait_until(lambda: len(calls) == 1)
+    assert wait_until(lambda: live_storage.reap("w").requeued == ["lost"], 3)
+    assert wait_until(lambda: len(calls) == 2)
+    blip.clear()
+    assert wait_until(lambda: "old_cancelled" in seen, 5)
+    assert seen["old_cancelled"] is True
+    assert wait_until(lambda: w.stats["lost"] == 1)
+    assert q.get_result("lost").value == "new attempt"
+    assert q.get_status("lost").stalls == 1
+    assert wait_until(lambda: w._free == w.concurrency)
+
+
+def test_worker_registers_while_running_and_deregisters_on_stop(live_storage, handlers, run_worker):
+    handlers.register("w", lambda job: None)
+    w = run_worker()
+    ids = [rec.worker_id for rec in live_storage.list_workers()]
+    assert w.worker_id in ids
+    info = next(r for r in live_storage.list_workers() if r.worker_id == w.worker_id).info
+    assert (info["queues"], info["concurrency"]) == (["w"], w.concurrency)
+    w.stop()
+    assert w.stopped.wait(5)
+    assert w.worker_id not in [rec.worker_id for rec in live_storage.list_workers()]
+
+
+def test_worker_refuses_queues_without_handlers(live_storage, handlers):
+    from django_jobq.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        Worker(["w"], storage=live_storage, handlers=handlers).check()
+
+
+def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(q, handlers, run_worker):
+    handlers.register("w", lambda job: time.time())
+    run_worker()
+    time.sleep(0.05)
+    enqueued = time.time()
+    q.enqueue("d", 1, delay=300)
+    assert wait_until(lambda: q.get_status("d").state is JobState.COMPLETED, 5)
+    ran_at = q.get_result("d").value
+    assert ran_at - enqueued >= 0.29
