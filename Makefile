@@ -1,0 +1,34 @@
+# The two set-up commands of the README: `make demo` and `make test`. Both build .venv first.
+PYTHON := $(shell scripts/find-python)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.installed: setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/.installed
+	scripts/ensure-services redis
+	$(BIN)/python manage.py migrate --verbosity 0
+	$(BIN)/python manage.py jobq_demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(BIN)/.installed lint
+	scripts/ensure-services redis
+	$(BIN)/python manage.py check --fail-level WARNING
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/pytest
+
+bench: $(BIN)/.installed
+	scripts/ensure-services redis
+	$(BIN)/python -m bench.core
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,128 @@
+"""runworker and runreaper as real processes against real Redis: crash recovery and shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from django_jobq import JobState
+from django_jobq.queue import Queue
+from django_jobq.storage.redis.storage import RedisStorage
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def spawn(redis_prefix, tmp_path):
+    procs: list[subprocess.Popen] = []
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "JOBQ_TEST_PREFIX": redis_prefix,
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def start(*args: str, log: str = "proc") -> subprocess.Popen:
+        out = (tmp_path / f"{log}-{len(procs)}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        proc.log_path = out.name
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:  # by PID, never by name
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def slow_queue(redis_client, redis_prefix) -> Queue:
+    return Queue("tests-slow", storage=RedisStorage(redis_client, prefix=redis_prefix))
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_sigkilled_worker_loses_no_job(spawn, slow_queue, tmp_path):
+    ledger = tmp_path / "ledger.txt"
+    ids = [f"crash-{i}" for i in range(30)]
+    slow_queue.enqueue_many(
+        [{"id": i, "payload": {"seconds": 0.3, "ledger": str(ledger)}, "max_stalls": 3}
+         for i in ids]
+    )  # fmt: skip
+    victim = spawn("runworker", "tests-slow", "-c", "4", "--lease", "1000", "--reap-interval", "0")
+    assert wait_until(lambda: slow_queue.counts()[JobState.ACTIVE] == 4, 20), "worker never ran"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    held = slow_queue.counts()[JobState.ACTIVE]
+    assert held > 0  # it died holding leases
+
+    spawn("runworker", "tests-slow", "-c", "4", "--lease", "1000", "--reap-interval", "0")
+    spawn("runreaper", "--interval", "0.2", "-v", "2")
+    assert wait_until(lambda: slow_queue.counts()[JobState.COMPLETED] == len(ids), 60)
+
+    statuses = {i: slow_queue.get_status(i) for i in ids}
+    assert {s.state for s in statuses.values()} == {JobState.COMPLETED}
+    assert sum(s.stalls for s in statuses.values()) == held  # each orphan recovered once
+    runs = ledger_lines(ledger)[::2]
+    assert set(runs) == set(ids)  # every job ran to the end at least once
+    assert len(runs) - len(ids) <= held  # only the killed in-flight ones may have run twice
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(spawn, slow_queue, tmp_path):
+    ledger = tmp_path / "ledger.txt"
+    slow_queue.enqueue("graceful", {"seconds": 1.5, "ledger": str(ledger)})
+    worker = spawn("runworker", "tests-slow", "--grace", "10", "-v", "2", log="graceful")
+    assert wait_until(lambda: slow_queue.get_status("graceful").state is JobState.ACTIVE, 20)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    status = slow_queue.get_status("graceful")
+    assert (status.state, status.attempts) == (JobState.COMPLETED, 1)
+    assert ledger_lines(ledger)[::2] == ["graceful"]
+    log = Path(worker.log_path).read_text()
+    assert "[tests-slow/graceful]" in log  # job id on the job's log lines
+    assert "stopped" in log
+
+
+def test_sigterm_past_grace_releases_the_job_for_another_worker(spawn, slow_queue, tmp_path):
+    slow_queue.enqueue("too-slow", {"seconds": 5})
+    worker = spawn("runworker", "tests-slow", "--grace", "0.3")
+    assert wait_until(lambda: slow_queue.get_status("too-slow").state is JobState.ACTIVE, 20)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(10) == 0
+    status = slow_queue.get_status("too-slow")
+    assert (status.state, status.attempts) == (JobState.QUEUED, 0)
+
+
+def test_runreaper_once_reports_per_queue(spawn, slow_queue):
+    slow_queue.enqueue("idle", {})
+    proc = spawn("runreaper", "--once", "tests-slow", log="reaper")
+    assert proc.wait(30) == 0
+    assert "tests-slow: requeued 0, failed 0, promoted 0" in Path(proc.log_path).read_text()
+
+
+def test_runworker_refuses_a_queue_without_handler(spawn):
+    proc = spawn("runworker", "no-such-queue", log="refuse")
+    assert proc.wait(30) != 0
+    assert "no handler registered" in Path(proc.log_path).read_text()
