@@ -19,6 +19,7 @@ demo: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy django_jobq
 
 test: $(BIN)/.installed lint
 	scripts/ensure-services redis

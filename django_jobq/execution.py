@@ -91,9 +91,9 @@ def execute(
                    permanent=True)  # fmt: skip
     func = registry.get(claimed.queue)
     if func is None:
-        exc = LookupError(f"no handler registered for queue {claimed.queue!r}")
-        logger.error("%s %s", label, exc)
-        return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "NoHandler"),
+        missing = LookupError(f"no handler registered for queue {claimed.queue!r}")
+        logger.error("%s %s", label, missing)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(missing, "NoHandler"),
                    permanent=True)  # fmt: skip
     if job is None:
         job = make_job(claimed, payload)

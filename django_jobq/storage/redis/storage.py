@@ -33,12 +33,20 @@ _FAIL_CODES = {0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RET
 ENQUEUE_CHUNK = 500  # jobs per enqueue script call in bulk: bounds how long one call blocks Redis
 
 
-def _s(value: bytes | str | None) -> str | None:
+def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _i(value: bytes | str | None, default: int | None = 0) -> int | None:
-    return default if value in (None, b"", "") else int(value)
+def _opt_s(value: bytes | str | None) -> str | None:
+    return None if value is None else _s(value)
+
+
+def _i(value: bytes | str | None) -> int:
+    return 0 if value in (None, b"", "") else int(value)  # type: ignore[arg-type]
+
+
+def _opt_i(value: bytes | str | None) -> int | None:
+    return None if value in (None, b"", "") else int(value)  # type: ignore[arg-type]
 
 
 class RedisStorage(Storage):
@@ -127,6 +135,7 @@ class RedisStorage(Storage):
         batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
         for i in range(1, len(raw), 8):
             job_id, token, attempt, max_attempts, min_b, max_b, ctype, payload = raw[i : i + 8]
+            ctype = _opt_s(ctype) or "json"
             batch.jobs.append(
                 ClaimedJob(
                     queue,
@@ -137,7 +146,7 @@ class RedisStorage(Storage):
                     max_attempts,
                     min_b,
                     max_b,
-                    _s(ctype) or "json",
+                    ctype,
                 )  # fmt: skip
             )
         return batch
@@ -238,7 +247,7 @@ class RedisStorage(Storage):
         if not raw:
             return None
         f = {_s(key): value for key, value in raw.items()}
-        finished = _i(f.get("finished"), None)
+        finished = _opt_i(f.get("finished"))
         return JobRecord(
             queue=queue,
             job_id=job_id,
@@ -249,12 +258,12 @@ class RedisStorage(Storage):
             max_stalls=_i(f.get("max_stalls")),
             priority=_i(f.get("priority")),
             created_at=_i(f.get("created")),
-            run_at=_i(f.get("run_at"), None),
-            started_at=_i(f.get("started"), None),
+            run_at=_opt_i(f.get("run_at")),
+            started_at=_opt_i(f.get("started")),
             finished_at=finished,
-            worker=_s(f.get("worker")),
+            worker=_opt_s(f.get("worker")),
             result_ttl=_i(f.get("result_ttl")),
-            content_type=_s(f.get("ctype")) or "json",
+            content_type=_opt_s(f.get("ctype")) or "json",
             payload=f.get("payload"),
             result=f.get("result"),
             error=f.get("error"),

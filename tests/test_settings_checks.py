@@ -1,0 +1,71 @@
+"""`manage.py check` reports bad JOBQ settings; good ones build the configured storage."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_jobq.conf import check_settings, get_storage
+from django_jobq.errors import ConfigurationError
+from django_jobq.storage.memory import MemoryStorage
+from django_jobq.storage.redis.storage import RedisStorage
+
+
+@pytest.mark.parametrize(
+    ("jobq", "fragment"),
+    [
+        ({"BACKEND": "mongo"}, "BACKEND"),
+        ({"REDIS_URL": "http://localhost:6379"}, "REDIS_URL"),
+        ({"JOB_DEFAULTS": {"result_ttl": 0}}, "result_ttl"),
+        ({"JOB_DEFAULTS": {"result_ttl": 1.5}}, "result_ttl"),
+        ({"QUEUES": {"bad name": {}}}, "invalid queue name"),
+        ({"QUEUES": {"emails": {"max_attempts": 0}}}, "max_attempts"),
+        ({"QUEUES": {"emails": {"retries": 3}}}, "unknown job option"),
+        ({"SERDE": "pickle"}, "SERDE"),
+        ({"MAX_PAYLOAD_BYTES": -1}, "MAX_PAYLOAD_BYTES"),
+        ({"REDIS_ULR": "redis://x"}, "unknown JOBQ key"),
+    ],
+)
+def test_bad_settings_are_reported_by_the_system_check(jobq, fragment):
+    with override_settings(JOBQ=jobq):
+        assert any(fragment in problem for problem in check_settings())
+        with pytest.raises(SystemCheckError, match="django_jobq.E001"):
+            call_command("check")
+
+
+def test_bad_settings_refuse_to_build_a_storage():
+    with override_settings(JOBQ={"BACKEND": "mongo"}), pytest.raises(ConfigurationError):
+        get_storage()
+
+
+def test_default_settings_pass_the_check():
+    with override_settings(JOBQ={}):
+        assert check_settings() == []
+
+
+def test_memory_backend_is_selectable():
+    with override_settings(JOBQ={"BACKEND": "memory"}):
+        assert isinstance(get_storage(), MemoryStorage)
+
+
+def test_django_redis_cache_alias_is_used_when_configured(settings):
+    caches = {
+        "jobq": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": settings.REDIS_URL,
+        }
+    }
+    with override_settings(CACHES=caches, JOBQ={"REDIS_CACHE_ALIAS": "jobq"}):
+        storage = get_storage()
+        assert isinstance(storage, RedisStorage)
+        assert storage.client.ping()
+
+
+def test_queue_overrides_apply_to_that_queue_only(live_storage):
+    from django_jobq.queue import Queue
+
+    with override_settings(JOBQ={"QUEUES": {"emails": {"max_attempts": 7}}}):
+        assert Queue("emails", storage=live_storage).defaults.max_attempts == 7
+        assert Queue("other", storage=live_storage).defaults.max_attempts == 3
