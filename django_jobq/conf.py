@@ -23,8 +23,10 @@ from .validation import (
 )
 
 DEFAULTS: dict[str, Any] = {
-    # "redis", "memory", or a dotted path to a callable returning a Storage.
+    # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
     "BACKEND": "redis",
+    # The Django database alias of the "database" backend (SQLite or PostgreSQL).
+    "DATABASE_ALIAS": "default",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     # A django-redis cache alias; when set it wins over REDIS_URL (shares the project's pool).
     "REDIS_CACHE_ALIAS": None,
@@ -51,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "REAPER": {"interval": 1.0, "batch": 1000},
 }
 
+BACKENDS = ("redis", "database", "memory")
 OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 
 
@@ -98,8 +101,22 @@ def check_settings() -> list[str]:
     if unknown:
         problems.append(f"unknown JOBQ key(s) {sorted(unknown)}")
     backend = conf["BACKEND"]
-    if backend not in ("redis", "memory") and not (isinstance(backend, str) and "." in backend):
-        problems.append(f"JOBQ['BACKEND'] {backend!r}: use 'redis', 'memory' or a dotted path")
+    if backend not in BACKENDS and not (isinstance(backend, str) and "." in backend):
+        problems.append(
+            f"JOBQ['BACKEND'] {backend!r}: use 'redis', 'database', 'memory' or a dotted path"
+        )
+    if backend == "database":
+        alias = conf["DATABASE_ALIAS"]
+        if alias not in settings.DATABASES:
+            problems.append(f"JOBQ['DATABASE_ALIAS'] {alias!r} is not in DATABASES")
+        elif settings.DATABASES[alias].get("ENGINE", "").rsplit(".", 1)[-1] not in (
+            "sqlite3",
+            "postgresql",
+        ):
+            problems.append(
+                f"JOBQ['DATABASE_ALIAS'] {alias!r}: the database backend supports SQLite and "
+                "PostgreSQL"
+            )
     if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
         url = conf["REDIS_URL"]
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
@@ -131,6 +148,10 @@ def build_storage() -> Any:
     if problems:
         raise ConfigurationError("; ".join(problems))
     backend = conf["BACKEND"]
+    if backend == "database":
+        from .storage.database import DatabaseStorage
+
+        return DatabaseStorage(conf["DATABASE_ALIAS"])
     if backend == "memory":
         from .storage.memory import MemoryStorage
 

@@ -6,6 +6,8 @@ on a machine where the storage tests did not run.
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 import uuid
 
@@ -13,11 +15,15 @@ import pytest
 from django.conf import settings
 
 from django_jobq.queue import Queue
+from django_jobq.storage.database import DatabaseStorage
 from django_jobq.storage.memory import MemoryStorage
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = os.environ.get("JOBQ_TEST_BACKENDS", "memory,redis,sqlite,postgres").split(",")
+# Database backends and the Django database alias (tests/settings.py) each one runs on.
+DB_ALIASES = {"sqlite": "default", "postgres": "pg"}
+MARKS = {"redis": "redis", "postgres": "postgres"}
 
 
 class FakeClock:
@@ -63,15 +69,34 @@ def redis_prefix(redis_client):
 def make_storage(kind: str, request, clock=None):
     if kind == "memory":
         return MemoryStorage(clock=clock)
+    if kind in DB_ALIASES:
+        db_storage = DatabaseStorage(DB_ALIASES[kind], clock=clock)
+        # Connections of finished threads are only closed when collected; PostgreSQL refuses to
+        # drop the test database while any is open.
+        request.addfinalizer(gc.collect)
+        request.addfinalizer(db_storage.close)
+        return db_storage
     client = request.getfixturevalue("redis_client")
     prefix = request.getfixturevalue("redis_prefix")
     return RedisStorage(client, prefix=prefix, clock=clock)
 
 
+def pytest_collection_modifyitems(items):
+    """A test run on a database backend gets that database, in transactional mode: workers use
+    connections of their own threads, which must see committed rows (the per-test transaction of
+    plain ``django_db`` would hide them); tables are flushed after each test."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        alias = DB_ALIASES.get(callspec.params.get("backend", "")) if callspec else None
+        if alias:
+            item.add_marker(pytest.mark.django_db(databases=[alias], transaction=True))
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
-    if request.param == "redis":
-        request.applymarker(pytest.mark.redis)
+    mark = MARKS.get(request.param)
+    if mark:
+        request.applymarker(getattr(pytest.mark, mark))
     return request.param
 
 

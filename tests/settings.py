@@ -1,6 +1,7 @@
 """Settings for the test suite: real Redis on loopback, SQLite for Django's own tables."""
 
 import os
+import tempfile
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
@@ -11,7 +12,26 @@ INSTALLED_APPS = [
     "django_jobq",
     "tests.jobsapp",
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# A file, not :memory:, so that worker threads (each with its own connection) share it.
+SQLITE_TEST_FILE = os.environ.get(
+    "JOBQ_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"jobq-test-{os.getpid()}.sqlite3")
+)
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": SQLITE_TEST_FILE,
+        "TEST": {"NAME": SQLITE_TEST_FILE},
+        "OPTIONS": {"timeout": 20},
+    },
+    "pg": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("JOBQ_TEST_PG_DB", "jobq"),
+        "USER": os.environ.get("JOBQ_TEST_PG_USER", "postgres"),
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+        "TEST": {"NAME": os.environ.get("JOBQ_TEST_PG_DB", "test_jobq"), "DEPENDENCIES": []},
+    },
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("JOBQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Subprocess tests (runworker, runreaper) pass their test's own key prefix through the env.

@@ -26,8 +26,10 @@ from django_jobq.storage.redis.storage import RedisStorage
         ({"SERDE": "pickle"}, "SERDE"),
         ({"MAX_PAYLOAD_BYTES": -1}, "MAX_PAYLOAD_BYTES"),
         ({"REDIS_ULR": "redis://x"}, "unknown JOBQ key"),
+        ({"BACKEND": "database", "DATABASE_ALIAS": "nope"}, "DATABASE_ALIAS"),
     ],
 )
+@pytest.mark.django_db  # model checks (JSONField support) ask the database for its features
 def test_bad_settings_are_reported_by_the_system_check(jobq, fragment):
     with override_settings(JOBQ=jobq):
         assert any(fragment in problem for problem in check_settings())
@@ -48,6 +50,17 @@ def test_default_settings_pass_the_check():
 def test_memory_backend_is_selectable():
     with override_settings(JOBQ={"BACKEND": "memory"}):
         assert isinstance(get_storage(), MemoryStorage)
+
+
+@pytest.mark.parametrize("alias", ["default", "pg"])
+def test_database_backend_is_selectable_on_sqlite_and_postgres(alias):
+    from django_jobq.storage.database import DatabaseStorage
+
+    with override_settings(JOBQ={"BACKEND": "database", "DATABASE_ALIAS": alias}):
+        assert check_settings() == []
+        storage = get_storage()
+        assert isinstance(storage, DatabaseStorage)
+        assert storage.using == alias
 
 
 def test_django_redis_cache_alias_is_used_when_configured(settings):
