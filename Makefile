@@ -22,7 +22,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy django_jobq
 
 test: $(BIN)/.installed lint
-	scripts/ensure-services redis
+	scripts/ensure-services redis postgres
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest

@@ -24,16 +24,24 @@ from .validation import (
 
 DEFAULTS: dict[str, Any] = {
     # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
-    "BACKEND": "redis",
+    # None: "redis" when REDIS_URL or REDIS_CACHE_ALIAS is set, else "database" (the embedded
+    # default, on DATABASES["default"]: no server needed with SQLite).
+    "BACKEND": None,
     # The Django database alias of the "database" backend (SQLite or PostgreSQL).
     "DATABASE_ALIAS": "default",
-    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "REDIS_URL": None,  # None with BACKEND "redis": redis://127.0.0.1:6379/0
     # A django-redis cache alias; when set it wins over REDIS_URL (shares the project's pool).
     "REDIS_CACHE_ALIAS": None,
     "PREFIX": "jobq",
     "SERDE": "json",
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
-    "EVENTS_MAXLEN": 10_000,
+    # Cap of each queue's event stream. The mirror must not fall this far behind (at ~3 events
+    # a job, 100,000 is half a minute at 2,000 jobs/s); if it does, it resyncs the queue.
+    "EVENTS_MAXLEN": 100_000,
+    # Model mirror of the Redis backend (runs inside runreaper, or as runmirror).
+    "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default", "BATCH": 1000},
+    # Rows of jobs finished more than this many days ago are deleted by the reaper (None: keep).
+    "RETENTION_DAYS": 7,
     # Defaults of every job; per-queue overrides in QUEUES, per-call overrides at enqueue.
     "JOB_DEFAULTS": {
         "max_attempts": 3,
@@ -60,8 +68,13 @@ OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 def jobq_settings() -> dict[str, Any]:
     user = getattr(settings, "JOBQ", {}) or {}
     merged = {**DEFAULTS, **user}
-    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER"):
+    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR"):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
+    if merged["BACKEND"] is None:
+        redis_given = merged["REDIS_URL"] or merged["REDIS_CACHE_ALIAS"]
+        merged["BACKEND"] = "redis" if redis_given else "database"
+    if merged["REDIS_URL"] is None:
+        merged["REDIS_URL"] = "redis://127.0.0.1:6379/0"
     return merged
 
 
@@ -109,7 +122,7 @@ def check_settings() -> list[str]:
         alias = conf["DATABASE_ALIAS"]
         if alias not in settings.DATABASES:
             problems.append(f"JOBQ['DATABASE_ALIAS'] {alias!r} is not in DATABASES")
-        elif settings.DATABASES[alias].get("ENGINE", "").rsplit(".", 1)[-1] not in (
+        elif str(settings.DATABASES[alias].get("ENGINE", "")).rsplit(".", 1)[-1] not in (
             "sqlite3",
             "postgresql",
         ):
@@ -132,6 +145,14 @@ def check_settings() -> list[str]:
         problems.append(str(exc))
     if conf["SERDE"] not in ("json", "msgpack"):
         problems.append(f"JOBQ['SERDE'] {conf['SERDE']!r}: use 'json' or 'msgpack'")
+    days = conf["RETENTION_DAYS"]
+    if days is not None and (
+        isinstance(days, bool) or not isinstance(days, int | float) or days <= 0
+    ):
+        problems.append(f"JOBQ['RETENTION_DAYS'] must be a positive number or None, got {days!r}")
+    mirror_alias = conf["MIRROR"]["DATABASE_ALIAS"]
+    if mirror_alias not in settings.DATABASES:
+        problems.append(f"JOBQ['MIRROR']['DATABASE_ALIAS'] {mirror_alias!r} is not in DATABASES")
     size = conf["MAX_PAYLOAD_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"JOBQ['MAX_PAYLOAD_BYTES'] must be a positive integer, got {size!r}")

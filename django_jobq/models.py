@@ -97,6 +97,14 @@ class JobEvent(models.Model):
     stream_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
+        constraints = [
+            # A re-delivered stream event (mirror restart before its ack) is written once.
+            models.UniqueConstraint(
+                fields=["queue", "stream_id"],
+                condition=~models.Q(stream_id=""),
+                name="jobq_event_stream_uniq",
+            )
+        ]
         indexes = [
             models.Index(fields=["job", "at"], name="jobq_event_job_at"),
             models.Index(fields=["at"], name="jobq_event_at"),

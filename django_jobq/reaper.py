@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from .conf import get_storage, jobq_settings
 from .registry import registry
@@ -25,6 +27,8 @@ class Reaper:
         storage: Storage | None = None,
         interval: float | None = None,
         batch: int | None = None,
+        mirror: bool | None = None,
+        retention_days: float | None = -1,
     ) -> None:
         conf = jobq_settings()
         self.storage = storage if storage is not None else get_storage()
@@ -32,6 +36,16 @@ class Reaper:
         self.interval = conf["REAPER"]["interval"] if interval is None else interval
         self.batch = batch or conf["REAPER"]["batch"]
         self._stop = threading.Event()
+        # The model mirror rides along by default where there is one to run (Redis backend).
+        want_mirror = conf["MIRROR"]["ENABLED"] if mirror is None else mirror
+        self.mirror: Any = None
+        if want_mirror and hasattr(self.storage, "read_group"):
+            from .mirror import Mirror
+
+            self.mirror = Mirror(self.storage, queues=self.fixed_queues)
+        self.retention_days = conf["RETENTION_DAYS"] if retention_days == -1 else retention_days
+        self.retention_interval = 60.0
+        self._last_purge = 0.0
 
     def queues(self) -> list[str]:
         """Explicit queues, else every queue that was enqueued to, has a handler or settings."""
@@ -62,14 +76,38 @@ class Reaper:
             reports[name] = report
         return reports
 
+    def purge(self) -> int:
+        """Delete job rows past the retention period (mirror rows, or database-backend state
+        whose deduplication window has closed)."""
+        from .mirror import purge_finished
+
+        self._last_purge = time.monotonic()
+        if self.retention_days is None:
+            return 0
+        alias = getattr(self.storage, "using", None) or jobq_settings()["MIRROR"]["DATABASE_ALIAS"]
+        n = purge_finished(self.retention_days, using=alias)
+        if n:
+            logger.info(
+                "retention: deleted %d finished jobs older than %s days", n, self.retention_days
+            )
+        return n
+
     def run(self) -> None:
         logger.info("reaper sweeping every %.2fs", self.interval)
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as exc:  # storage down: keep trying, never exit on a blip
-                logger.warning("reaper sweep failed: %s", exc)
-            self._stop.wait(self.interval)
+        mirror_thread = self.mirror.start() if self.mirror is not None else None
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                    if time.monotonic() - self._last_purge >= self.retention_interval:
+                        self.purge()
+                except Exception as exc:  # storage down: keep trying, never exit on a blip
+                    logger.warning("reaper sweep failed: %s", exc)
+                self._stop.wait(self.interval)
+        finally:
+            if mirror_thread is not None:
+                self.mirror.stop()
+                mirror_thread.join(timeout=10)
 
     def stop(self) -> None:
         self._stop.set()

@@ -73,6 +73,7 @@ class Worker:
         )
         self.idle_timeout = idle_timeout
         self.heartbeat_interval = self.lease / 3000
+        self._started_ms = int(time.time() * 1000)
         self.stats = {"completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0}
         self._free = self.concurrency
         self._cond = threading.Condition()
@@ -306,6 +307,7 @@ class Worker:
             "queues": self.queues,
             "concurrency": self.concurrency,
             "in_flight": len(self._inflight),
+            "started": self._started_ms,
             **self.stats,
         }
         self.storage.register_worker(self.worker_id, info, int(self.heartbeat_interval * 3000))

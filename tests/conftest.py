@@ -86,8 +86,9 @@ def pytest_collection_modifyitems(items):
     connections of their own threads, which must see committed rows (the per-test transaction of
     plain ``django_db`` would hide them); tables are flushed after each test."""
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        alias = DB_ALIASES.get(callspec.params.get("backend", "")) if callspec else None
+        params = getattr(item, "callspec", None) and item.callspec.params or {}
+        # `backend` names a storage backend; `db_alias` (mirror tests) a database directly.
+        alias = DB_ALIASES.get(params.get("backend", "")) or params.get("db_alias")
         if alias:
             item.add_marker(pytest.mark.django_db(databases=[alias], transaction=True))
 

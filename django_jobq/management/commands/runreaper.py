@@ -13,10 +13,19 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="*", help="queues to sweep (default: all known)")
         parser.add_argument("--interval", type=float, help="seconds between sweeps")
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
+        parser.add_argument(
+            "--no-mirror",
+            action="store_true",
+            help="do not run the model mirror here (run `manage.py runmirror` instead)",
+        )
 
     def handle(self, *args, **options):
         configure(options["verbosity"])
-        reaper = Reaper(options["queues"] or None, interval=options["interval"])
+        reaper = Reaper(
+            options["queues"] or None,
+            interval=options["interval"],
+            mirror=False if options["no_mirror"] else None,
+        )
         if options["once"]:
             for name, report in reaper.run_once().items():
                 self.stdout.write(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...job import (
@@ -47,6 +47,47 @@ def _i(value: bytes | str | None) -> int:
 
 def _opt_i(value: bytes | str | None) -> int | None:
     return None if value in (None, b"", "") else int(value)  # type: ignore[arg-type]
+
+
+def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecord | None:
+    if not raw:
+        return None
+    f = {_s(key): value for key, value in raw.items()}
+    return JobRecord(
+        queue=queue,
+        job_id=job_id,
+        state=JobState(_s(f["state"])),
+        attempts=_i(f.get("attempts")),
+        max_attempts=_i(f.get("max_attempts")),
+        stalls=_i(f.get("stalls")),
+        max_stalls=_i(f.get("max_stalls")),
+        priority=_i(f.get("priority")),
+        created_at=_i(f.get("created")),
+        run_at=_opt_i(f.get("run_at")),
+        started_at=_opt_i(f.get("started")),
+        finished_at=_opt_i(f.get("finished")),
+        worker=_opt_s(f.get("worker")),
+        result_ttl=_i(f.get("result_ttl")),
+        content_type=_opt_s(f.get("ctype")) or "json",
+        payload=f.get("payload"),
+        result=f.get("result"),
+        error=f.get("error"),
+        expires_at=now + pttl if pttl and pttl > 0 else None,
+    )
+
+
+def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
+    f = {_s(a): _s(b) for a, b in fields.items()}
+    return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+
+
+def _stream_id(value: str) -> tuple[int, int]:
+    ms, _, seq = value.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 class RedisStorage(Storage):
@@ -240,35 +281,20 @@ class RedisStorage(Storage):
         return CancelOutcome(_s(raw))
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
+        return self.get_records(queue, [job_id])[job_id]
+
+    def get_records(self, queue: str, job_ids: Sequence[str]) -> dict[str, JobRecord | None]:
+        """Several records in one round trip (the mirror reads each batch's jobs this way)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys(queue).job(job_id))
-        pipe.pttl(self.keys(queue).job(job_id))
-        raw, pttl = pipe.execute()
-        if not raw:
-            return None
-        f = {_s(key): value for key, value in raw.items()}
-        finished = _opt_i(f.get("finished"))
-        return JobRecord(
-            queue=queue,
-            job_id=job_id,
-            state=JobState(_s(f["state"])),
-            attempts=_i(f.get("attempts")),
-            max_attempts=_i(f.get("max_attempts")),
-            stalls=_i(f.get("stalls")),
-            max_stalls=_i(f.get("max_stalls")),
-            priority=_i(f.get("priority")),
-            created_at=_i(f.get("created")),
-            run_at=_opt_i(f.get("run_at")),
-            started_at=_opt_i(f.get("started")),
-            finished_at=finished,
-            worker=_opt_s(f.get("worker")),
-            result_ttl=_i(f.get("result_ttl")),
-            content_type=_opt_s(f.get("ctype")) or "json",
-            payload=f.get("payload"),
-            result=f.get("result"),
-            error=f.get("error"),
-            expires_at=int(time.time() * 1000) + pttl if pttl and pttl > 0 else None,
-        )
+        for job_id in job_ids:
+            pipe.hgetall(self.keys(queue).job(job_id))
+            pipe.pttl(self.keys(queue).job(job_id))
+        replies = pipe.execute()
+        now = int(time.time() * 1000)
+        return {
+            job_id: _record(queue, job_id, replies[2 * i], replies[2 * i + 1], now)
+            for i, job_id in enumerate(job_ids)
+        }
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
         done_key = self.keys(queue).done(job_id)
@@ -325,14 +351,83 @@ class RedisStorage(Storage):
         key = self.keys(queue).events
         block_ms = None if not block else int(min(block, MAX_BLOCK_SECONDS) * 1000)
         reply = self.client.xread({key: after}, count=count, block=block_ms)
+        return [
+            _event(queue, eid, fields)
+            for _stream, entries in reply or []
+            for eid, fields in entries
+        ]
+
+    # -- event consumer groups (the model mirror) -------------------------------------------
+    # Redis-only: a consumer group remembers what it has read and what is acknowledged, so the
+    # mirror misses nothing across restarts and several mirrors share the work.
+
+    def ensure_group(self, queue: str, group: str) -> None:
+        """Create ``group`` on the queue's stream, reading from its first event on."""
+        try:
+            self.client.xgroup_create(self.keys(queue).events, group, id="0", mkstream=True)
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def read_group(
+        self,
+        queues: Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        count: int = 1000,
+        block: float | None = None,
+        pending: bool = False,
+    ) -> list[Event]:
+        """New events for this consumer (or, with ``pending``, those it read but never acked)."""
+        streams = {self.keys(q).events: ("0" if pending else ">") for q in queues}
+        by_key = {self.keys(q).events: q for q in queues}
+        block_ms = None if not block else int(min(block, MAX_BLOCK_SECONDS) * 1000)
+        reply = self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
         events = []
-        for _stream, entries in reply or []:
+        for stream, entries in reply or []:
+            queue = by_key[_s(stream)]
             for event_id, fields in entries:
-                f = {_s(a): _s(b) for a, b in fields.items()}
-                events.append(
-                    Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
-                )
+                if fields:  # an acked-then-trimmed pending entry comes back empty
+                    events.append(_event(queue, event_id, fields))
         return events
+
+    def ack_events(self, queue: str, group: str, event_ids: Sequence[str]) -> None:
+        if event_ids:
+            self.client.xack(self.keys(queue).events, group, *event_ids)
+
+    def claim_stale_events(
+        self, queue: str, group: str, consumer: str, min_idle_ms: int, count: int = 1000
+    ) -> list[Event]:
+        """Take over events another consumer read but did not ack for ``min_idle_ms`` (it died)."""
+        reply = self.client.xautoclaim(
+            self.keys(queue).events, group, consumer, min_idle_ms, "0-0", count=count
+        )
+        return [_event(queue, eid, f) for eid, f in reply[1] if f]
+
+    def events_lost(self, queue: str, group: str) -> bool:
+        """True when the stream cap trimmed events this group never read: the mirror must
+        re-read the queue's records instead of trusting the stream."""
+        key = self.keys(queue).events
+        info = self.client.xinfo_stream(key)
+        groups = {_s(g["name"]): g for g in self.client.xinfo_groups(key)}
+        if group not in groups:
+            return False
+        trimmed = info["entries-added"] - info["length"]
+        if trimmed <= 0:
+            return False
+        entries_read = groups[group]["entries-read"]
+        if entries_read is not None:
+            return trimmed > entries_read
+        # Redis could not count for us: lost if the oldest surviving entry is past our place.
+        first = _s(info.get("recorded-first-entry-id") or "0-0")
+        return _stream_id(first) > _stream_id(_s(groups[group]["last-delivered-id"]))
+
+    def scan_job_ids(self, queue: str, count: int = 1000) -> Iterator[str]:
+        """Every job id with a live record in ``queue`` (SCAN: slow, for resyncs only)."""
+        prefix = self.keys(queue).job_prefix
+        for key in self.client.scan_iter(match=_glob_escape(prefix) + "*", count=count):
+            yield _s(key)[len(prefix) :]
 
     def register_queue(self, queue: str) -> None:
         self.client.sadd(self.global_keys.queues, queue)

@@ -1,0 +1,34 @@
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...logutil import configure
+from ...mirror import Mirror
+
+
+class Command(BaseCommand):
+    help = (
+        "Mirror job state from the Redis event streams into the Job/JobEvent/WorkerInfo models "
+        "(runreaper does this too unless started with --no-mirror)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("queues", nargs="*", help="queues to mirror (default: all known)")
+        parser.add_argument("--batch", type=int, help="events per batch (one transaction each)")
+        parser.add_argument(
+            "--once", action="store_true", help="mirror what is there now, then exit"
+        )
+
+    def handle(self, *args, **options):
+        configure(options["verbosity"])
+        try:
+            mirror = Mirror(queues=options["queues"] or None, batch=options["batch"])
+        except TypeError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["once"]:
+            n = mirror.drain()
+            self.stdout.write(f"mirrored {n} events")
+            return
+        signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
+        signal.signal(signal.SIGINT, lambda *_: mirror.stop())
+        mirror.run()
