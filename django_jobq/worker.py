@@ -39,6 +39,7 @@ class _InFlight:
     claimed: ClaimedJob
     job: Job
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
+    finished: bool = False  # the handler returned; its verdict is on the way to storage
 
 
 class Worker:
@@ -212,6 +213,7 @@ class Worker:
                     continue  # released during shutdown before it started
                 entry.running = True
             ack = execute(claimed, self.handlers, entry.job)
+            entry.finished = True
             self._acks.put((claimed.queue, ack))
 
     def _ack_loop(self) -> None:
@@ -295,7 +297,9 @@ class Worker:
             for job_id, token in self.storage.heartbeat(name, self.worker_id, leases, self.lease):
                 with self._cond:
                     entry = self._inflight.get((name, job_id, token))
-                if entry is not None:
+                # A verdict sent after this heartbeat read its leases ends the lease too: that
+                # is not a loss, and there is no handler left to stop.
+                if entry is not None and not entry.finished:
                     logger.warning("[%s/%s] lease lost; asking the handler to stop", name, job_id)
                     entry.job.cancel_event.set()
         self._register()

@@ -11,8 +11,10 @@ Concurrency rules:
 - SQLite: one writer at a time. A transaction that reads and then writes fails at once with
   "database is locked" if another connection committed in between (WAL snapshot), so every write
   transaction here *starts* with a write (``_write_lock``), which waits on the busy timeout
-  instead. Cross-process wake-ups have no signal in SQLite: idle waits re-check every
-  ``poll_interval``; same-process wake-ups are immediate.
+  instead. SQLite has no cross-process signal; a watcher thread reads ``PRAGMA data_version``
+  (which changes when any other connection commits, and costs no disk read) every
+  ``poll_interval`` and wakes this process's waiters, so an idle worker neither runs claim
+  queries in a loop nor sleeps through a new job.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ from ..job import (
     StoredEnqueue,
 )
 from ..states import TERMINAL_STATES, WAITING_STATES, JobState
-from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 
 logger = logging.getLogger("django_jobq.storage")
 CHANNEL = "django_jobq"
-PG_RECHECK = 2.0  # seconds: longest PostgreSQL wait without re-reading (see _wait)
+BULK_CHUNK = 500  # jobs per enqueue_many transaction
+RECHECK = 2.0  # seconds: longest wait without re-reading the database (see _wait)
 STALLED_ERROR = {"type": "Stalled", "message": "lease expired more than max_stalls times"}
 SCHEDULED_STATES = (JobState.SCHEDULED, JobState.RETRYING)
 
@@ -73,7 +76,7 @@ class DatabaseStorage(Storage):
     supports_transactional_enqueue = True
 
     def __init__(
-        self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.1
+        self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
     ) -> None:
         from ..models import Job, JobEvent, QueueConfig, WorkerInfo
 
@@ -90,7 +93,7 @@ class DatabaseStorage(Storage):
         self._generation = 0
         self._claim_seen: dict[str, int] = {}
         self._interrupted: set[str] = set()
-        self._listener: _PgListener | None = None
+        self._listener: _PgListener | _SqliteWatcher | None = None
         self._wal_checked = False
 
     # -- helpers ----------------------------------------------------------------------------
@@ -155,9 +158,8 @@ class DatabaseStorage(Storage):
 
     def _snapshot(self) -> int:
         """The generation to hand to ``_wait`` afterwards; take it before reading the database.
-        On PostgreSQL this also starts listening, so that no NOTIFY after it is missed."""
-        if self.vendor == "postgresql":
-            self._ensure_listener()
+        It also starts the cross-process listener, so that no commit after it is missed."""
+        self._ensure_listener()
         with self._cond:
             return self._generation
 
@@ -165,10 +167,10 @@ class DatabaseStorage(Storage):
         """Sleep until a signal newer than generation ``since`` (PostgreSQL: from any process;
         SQLite: from this process), an interrupt of ``worker_id``, or ``timeout``.
 
-        SQLite has no cross-process signal, so waits there last at most ``poll_interval``;
-        PostgreSQL waits are capped at ``PG_RECHECK`` seconds only as a safety net for
-        notifications lost while the LISTEN connection was reconnecting."""
-        cap = PG_RECHECK if self.vendor == "postgresql" else self.poll_interval
+        Waits are capped at ``RECHECK`` seconds as a safety net for signals lost while a
+        listener was reconnecting; an in-memory SQLite database (no watcher possible) re-reads
+        every ``poll_interval``."""
+        cap = RECHECK if self._listener is not None else self.poll_interval
         deadline = time.monotonic() + min(timeout, cap)
         with self._cond:
             while self._generation == since:
@@ -185,7 +187,15 @@ class DatabaseStorage(Storage):
         if self._listener is None:
             with self._cond:
                 if self._listener is None:
-                    self._listener = _PgListener(self.using, self._wake_local)
+                    if self.vendor == "postgresql":
+                        self._listener = _PgListener(self.using, self._wake_local)
+                    else:
+                        path = connections[self.using].settings_dict["NAME"]
+                        if not path or str(path) == ":memory:" or "mode=memory" in str(path):
+                            return  # nothing another process could commit to
+                        self._listener = _SqliteWatcher(
+                            str(path), self._wake_local, self.poll_interval
+                        )
                     self._listener.start()
         self._listener.ready.wait(5)
 
@@ -212,6 +222,69 @@ class DatabaseStorage(Storage):
                 existing = self._existing(queue, job.job_id, now)  # lost an insert race
             return self._duplicate(existing, job)
 
+    def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
+        """All of ``jobs`` in one transaction per chunk: one commit instead of one per job."""
+        out: list[StoredEnqueue] = []
+        for start in range(0, len(jobs), BULK_CHUNK):
+            out += self._enqueue_chunk(queue, jobs[start : start + BULK_CHUNK])
+        return out
+
+    def _enqueue_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
+        now = self._now()
+        with self._atomic():
+            self._write_lock()
+            ids = list(dict.fromkeys(job.job_id for job in jobs))
+            qs = self._jobs().filter(queue=queue, job_id__in=ids)
+            if self.vendor == "postgresql":
+                qs = qs.select_for_update()
+            existing = {row.job_id: row for row in qs}
+            expired = [r.pk for r in existing.values() if r.expires_at and _ms(r.expires_at) <= now]
+            if expired:  # their TTL passed: the ids are free again
+                self._jobs().filter(pk__in=expired).delete()
+                existing = {k: r for k, r in existing.items() if r.pk not in expired}
+            fresh: dict[str, NewJob] = {}
+            for job in jobs:
+                if job.job_id not in existing and job.job_id not in fresh:
+                    fresh[job.job_id] = job
+            rows = [self._new_row(queue, job, now) for job in fresh.values()]
+            try:
+                with transaction.atomic(using=self.using):  # a concurrent insert of an id
+                    self._jobs().bulk_create(rows)
+            except IntegrityError:  # ... sends this chunk down the one-by-one path
+                return [self.enqueue(queue, job) for job in jobs]
+            for kind in (JobState.QUEUED, JobState.SCHEDULED):
+                of_kind = [(r.pk, queue, r.job_id) for r in rows if r.state == kind]
+                self._events(of_kind, kind.value, now)
+            if any(r.state == JobState.QUEUED for r in rows):
+                self._signal(f"w {queue}")
+            created = {r.job_id: r for r in rows}
+            out = []
+            for job in jobs:
+                row = created.pop(job.job_id, None)
+                if row is not None:
+                    out.append(
+                        StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, JobState(row.state))
+                    )
+                    continue
+                prior = existing.get(job.job_id)
+                if prior is None:  # a repeat, within this batch, of an id created above
+                    prior = next(r for r in rows if r.job_id == job.job_id)
+                out.append(self._duplicate(prior, job))
+            return out
+
+    def _new_row(self, queue: str, job: NewJob, now: int) -> Any:
+        o = job.options
+        due = max(job.run_at or 0, now + job.delay)
+        state = JobState.SCHEDULED if due > now else JobState.QUEUED
+        return self.Job(
+            queue=queue, job_id=job.job_id, state=state, payload=job.payload,
+            content_type=job.content_type, max_attempts=o.max_attempts,
+            max_stalls=o.max_stalls, priority=o.priority, min_backoff=o.min_backoff,
+            max_backoff=o.max_backoff, result_ttl=o.result_ttl,
+            run_at=_dt(due) if state is JobState.SCHEDULED else None,
+            created_at=_dt(now), waiters=1 if job.waiter else 0,
+        )  # fmt: skip
+
     def _existing(self, queue: str, job_id: str, now: int) -> Any:
         qs = self._jobs().filter(queue=queue, job_id=job_id)
         if self.vendor == "postgresql":
@@ -223,21 +296,13 @@ class DatabaseStorage(Storage):
         return row
 
     def _insert(self, queue: str, job: NewJob, now: int) -> StoredEnqueue | None:
-        o = job.options
-        due = max(job.run_at or 0, now + job.delay)
-        state = JobState.SCHEDULED if due > now else JobState.QUEUED
+        row = self._new_row(queue, job, now)
         try:
             with transaction.atomic(using=self.using):  # savepoint: a race must not poison
-                row = self._jobs().create(
-                    queue=queue, job_id=job.job_id, state=state, payload=job.payload,
-                    content_type=job.content_type, max_attempts=o.max_attempts,
-                    max_stalls=o.max_stalls, priority=o.priority, min_backoff=o.min_backoff,
-                    max_backoff=o.max_backoff, result_ttl=o.result_ttl,
-                    run_at=_dt(due) if state is JobState.SCHEDULED else None,
-                    created_at=_dt(now), waiters=1 if job.waiter else 0,
-                )  # fmt: skip
+                row.save(force_insert=True, using=self.using)
         except IntegrityError:
             return None
+        state = JobState(row.state)
         self._events([(row.pk, queue, job.job_id)], state.value, now)
         if state is JobState.QUEUED:
             self._signal(f"w {queue}")
@@ -390,6 +455,71 @@ class DatabaseStorage(Storage):
             self._events([(row["id"], queue, job_id)], "retrying", now, row["worker"])
             self._signal(f"w {queue}")
             return AckOutcome.RETRYING
+
+    def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
+        """One transaction for the batch (each verdict is still lease-checked on its own): a
+        worker's completions cost one commit per batch, not one per job."""
+        with self._atomic():
+            self._write_lock()
+            completes = [a for a in acks if a.kind == "complete"]
+            done = self._complete_many(queue, completes) if completes else {}
+            out = []
+            for ack in acks:
+                if ack.kind == "complete":
+                    out.append(done[(ack.job_id, ack.token)])
+                else:
+                    out.extend(super().ack_many(queue, [ack]))
+            return out
+
+    def _complete_many(self, queue: str, acks: Sequence[Ack]) -> dict[tuple[str, int], AckOutcome]:
+        """Set-based ``complete`` for a batch: one locked read, one bulk update, one insert of
+        events. Each job is still checked against its own lease token."""
+        now = self._now()
+        qs = self._jobs().filter(queue=queue, job_id__in=[a.job_id for a in acks])
+        if self.vendor == "postgresql":
+            qs = qs.select_for_update()
+        rows = {r.job_id: r for r in qs.only("id", "job_id", "state", "token", "result_ttl",
+                                              "waiters", "worker")}  # fmt: skip
+        out: dict[tuple[str, int], AckOutcome] = {}
+        changed, waited = [], []
+        for ack in acks:
+            row = rows.get(ack.job_id)
+            if row is None or row.state != JobState.ACTIVE or row.token != ack.token:
+                out[(ack.job_id, ack.token)] = AckOutcome.LEASE_LOST
+                continue
+            row.state, row.result = JobState.COMPLETED, ack.body
+            row.finished_at, row.expires_at = _dt(now), _dt(now + row.result_ttl)
+            row.lease_deadline = None
+            if row.waiters:
+                waited.append(row.job_id)
+            row.waiters = 0
+            changed.append(row)
+            out[(ack.job_id, ack.token)] = AckOutcome.COMPLETED
+        if changed:
+            by_ttl: dict[int, list[int]] = {}
+            for row in changed:
+                by_ttl.setdefault(row.result_ttl, []).append(row.pk)
+            for ttl, pks in by_ttl.items():
+                self._jobs().filter(pk__in=pks).update(
+                    state=JobState.COMPLETED, finished_at=_dt(now), expires_at=_dt(now + ttl),
+                    lease_deadline=None, waiters=0,
+                )  # fmt: skip
+            # Results differ per job: one statement, executed many times (pipelined by the
+            # driver), is far cheaper than the ORM's CASE-per-row bulk_update.
+            table = connections[self.using].ops.quote_name(self.Job._meta.db_table)
+            with connections[self.using].cursor() as cursor:
+                cursor.executemany(
+                    f"UPDATE {table} SET result = %s WHERE id = %s",  # noqa: S608 - table name
+                    [(row.result, row.pk) for row in changed],
+                )
+            by_worker: dict[str, list[tuple[int, str, str]]] = {}
+            for row in changed:
+                by_worker.setdefault(row.worker, []).append((row.pk, queue, row.job_id))
+            for worker, items in by_worker.items():
+                self._events(items, "completed", now, worker)
+            for job_id in waited:
+                self._signal(f"d {queue} {job_id}")
+        return out
 
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         now = self._now()
@@ -597,6 +727,44 @@ class _PgListener(threading.Thread):
                             self.wake()
             except Exception as exc:  # database restart: reconnect; waiters re-read meanwhile
                 logger.warning("LISTEN connection lost (%s); reconnecting", exc)
+                self._stop.wait(1.0)
+        self.ready.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _SqliteWatcher(threading.Thread):
+    """Turns commits of other connections (any process) into wake-ups: ``data_version`` is
+    read from the WAL index in shared memory, so the check is cheap enough to run often."""
+
+    def __init__(self, path: str, wake: Callable[[], None], interval: float) -> None:
+        super().__init__(name="jobq-sqlite-watcher", daemon=True)
+        self.path = path
+        self.wake = wake
+        self.interval = interval
+        self.ready = threading.Event()
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        import sqlite3
+
+        while not self._stop.is_set():
+            try:
+                conn = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
+                try:
+                    seen = conn.execute("PRAGMA data_version").fetchone()[0]
+                    self.ready.set()
+                    self.wake()
+                    while not self._stop.wait(self.interval):
+                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        if version != seen:
+                            seen = version
+                            self.wake()
+                finally:
+                    conn.close()
+            except Exception as exc:  # file replaced or locked for long: start over
+                logger.warning("SQLite watcher error (%s); restarting", exc)
                 self._stop.wait(1.0)
         self.ready.set()
 
