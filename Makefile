@@ -3,7 +3,7 @@ PYTHON := $(shell scripts/find-python)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo demo-redis test lint bench clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,9 +12,14 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	scripts/ensure-services redis
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py jobq_demo
+
+# The same demo with the Redis hot path (the JOBQ_REDIS_URL switch of example_project).
+demo-redis: $(BIN)/.installed
+	scripts/ensure-services redis
+	$(BIN)/python manage.py migrate --verbosity 0
+	JOBQ_REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py jobq_demo
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

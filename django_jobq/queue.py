@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from django.db import transaction
+
 from .conf import OPTION_NAMES, get_storage, jobq_settings, queue_defaults
 from .errors import InvalidOption, JobFailed, PayloadTooLarge, Timeout
 from .job import (
@@ -144,6 +146,32 @@ class Queue:
         job = self.build(job_id, payload, **options)
         self._register()
         return self._public(self.storage.enqueue(self.name, job))
+
+    def enqueue_on_commit(
+        self,
+        job_id: str | None = None,
+        payload: Any = None,
+        *,
+        using: str | None = None,
+        **options: Any,
+    ) -> str:
+        """Enqueue once the current database transaction on ``using`` commits; drop the job if
+        it rolls back. Returns the job id (generated now when not given).
+
+        For the Redis backend this is the way to tie a job to a database change: a worker can
+        no longer pick up a job for a row that is not committed yet, or never will be. The
+        job is validated now, so bad input fails inside the transaction. What this cannot
+        give is atomicity: if Redis is unreachable at commit time the rows stay committed and
+        the enqueue raises. Only the database backend enqueues *inside* the transaction.
+        """
+        job = self.build(job_id, payload, **options)
+
+        def send() -> None:
+            self._register()
+            self.storage.enqueue(self.name, job)
+
+        transaction.on_commit(send, using=using)
+        return job.job_id
 
     def enqueue_many(
         self, jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]]

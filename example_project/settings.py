@@ -44,7 +44,12 @@ TEMPLATES = [
 ]
 WSGI_APPLICATION = "example_project.wsgi.application"
 DATABASES = {
-    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "example.sqlite3"}
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "example.sqlite3",
+        # Workers and the web process share this file: wait for the write lock, don't fail.
+        "OPTIONS": {"timeout": 20},
+    }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
@@ -52,8 +57,9 @@ TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
 JOBQ = {
-    "BACKEND": "redis",
-    "REDIS_URL": os.environ.get("JOBQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    # No BACKEND: the embedded default (the database backend on DATABASES["default"], SQLite
+    # here, no server needed). `make demo-redis` sets JOBQ_REDIS_URL to run the same on Redis.
+    "REDIS_URL": os.environ.get("JOBQ_REDIS_URL") or None,
     "PREFIX": "jobqdemo",
     "QUEUES": {
         "thumbnails": {"max_attempts": 3, "result_ttl": 3600 * 1000},

@@ -9,12 +9,21 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from django_jobq import JobFailed, JobState
 from django_jobq.conf import get_storage
 from django_jobq.queue import Queue
 
 MANAGE = Path(settings.BASE_DIR) / "manage.py"
+
+
+def describe(storage) -> str:
+    using = getattr(storage, "using", None)
+    if using is not None:
+        vendor = connections[using].vendor
+        return f"database ({vendor}, DATABASES[{using!r}]) - the embedded default, no server"
+    return type(storage).__name__
 
 
 class Command(BaseCommand):
@@ -25,7 +34,8 @@ class Command(BaseCommand):
         try:
             storage.list_queues()
         except Exception as exc:
-            raise CommandError(f"storage is not reachable ({exc}); is Redis running?") from exc
+            raise CommandError(f"storage is not reachable ({exc})") from exc
+        self.stdout.write(f"backend: {describe(storage)}")
         run = uuid.uuid4().hex[:6]  # fresh ids each run, so reruns show new work
         worker = self.start(["runworker", "thumbnails", "emails", "-c", "8"])
         reaper = self.start(["runreaper"])

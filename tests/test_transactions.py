@@ -1,0 +1,70 @@
+"""Enqueue and database transactions.
+
+The database backend writes the job in the caller's transaction (rolled back → no job, and no
+worker is woken before the commit); the Redis backend offers ``enqueue_on_commit``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from django_jobq.queue import Queue
+from django_jobq.states import JobState
+from django_jobq.storage.database import DatabaseStorage
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request):
+    return request.param
+
+
+def test_database_enqueue_is_rolled_back_with_the_callers_transaction(live_storage):
+    assert isinstance(live_storage, DatabaseStorage)
+    q = Queue("tx", storage=live_storage)
+    with pytest.raises(Rollback), transaction.atomic(using=live_storage.using):
+        assert q.enqueue("lost", 1).state is JobState.QUEUED
+        raise Rollback
+    assert q.get_status("lost") is None
+    assert q.counts()[JobState.QUEUED] == 0
+
+    with transaction.atomic(using=live_storage.using):
+        q.enqueue("kept", 1)
+        # Not claimable by anyone else until the commit: a worker's own connection sees nothing.
+        assert q.get_status("kept").state is JobState.QUEUED
+    assert q.get_status("kept").state is JobState.QUEUED
+    assert [j.job_id for j in live_storage.claim("tx", "w", 10, 1000).jobs] == ["kept"]
+
+
+def test_database_bulk_enqueue_is_rolled_back_too(live_storage):
+    q = Queue("tx", storage=live_storage)
+    with pytest.raises(Rollback), transaction.atomic(using=live_storage.using):
+        q.enqueue_many([(f"j{i}", i) for i in range(50)])
+        raise Rollback
+    assert q.counts()[JobState.QUEUED] == 0
+
+
+def test_uncommitted_job_is_invisible_to_a_worker_thread(live_storage):
+    """PostgreSQL: the worker's claim finds nothing. SQLite (one writer at a time): the claim
+    waits for the write lock and gets the job only once it is committed."""
+    import threading
+
+    q = Queue("tx", storage=live_storage)
+    claimed: list = []
+    with transaction.atomic(using=live_storage.using):
+        q.enqueue("pending", 1)
+        t = threading.Thread(
+            target=lambda: claimed.extend(live_storage.claim("tx", "w", 5, 1000).jobs)
+        )
+        t.start()
+        t.join(0.3)
+        assert claimed == []
+    t.join(10)
+    assert not t.is_alive()
+    if not claimed:
+        claimed = live_storage.claim("tx", "w", 5, 1000).jobs
+    assert [j.job_id for j in claimed] == ["pending"]
