@@ -102,7 +102,10 @@ class Worker:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
         self._start_threads()
-        self._register()
+        try:
+            self._register()
+        except Exception as exc:  # storage blip at start: the heartbeat registers us later
+            logger.warning("could not register worker %s yet: %s", self.worker_id, exc)
         logger.info(
             "worker %s serving %s (concurrency %d, lease %d ms)",
             self.worker_id, self.queues, self.concurrency, self.lease,

@@ -36,7 +36,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("JOBQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Subprocess tests (runworker, runreaper) pass their test's own key prefix through the env.
 JOBQ = {
-    "BACKEND": "redis",
+    # Subprocess tests of the database backend set these two (see test_database_processes.py).
+    "BACKEND": os.environ.get("JOBQ_TEST_BACKEND", "redis"),
+    "DATABASE_ALIAS": os.environ.get("JOBQ_TEST_DB_ALIAS", "default"),
     "REDIS_URL": REDIS_URL,
     "PREFIX": os.environ.get("JOBQ_TEST_PREFIX", "jobqtest"),
 }

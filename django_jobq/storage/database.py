@@ -110,10 +110,24 @@ class DatabaseStorage(Storage):
         return self.clock() if self.clock else int(time.time() * 1000)
 
     def _jobs(self):
+        self._drop_broken_connection()
         return self.Job.objects.using(self.using)
 
     def _atomic(self):
+        self._drop_broken_connection()
         return transaction.atomic(using=self.using)
+
+    def _drop_broken_connection(self) -> None:
+        """Workers hold their connections for hours, outside any request cycle, so nothing
+        else closes one the server dropped (restart, failover): after an error, test it and
+        reconnect on the next call instead of failing every call from then on."""
+        conn = connections[self.using]
+        if conn.connection is None or not conn.errors_occurred or conn.in_atomic_block:
+            return
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
 
     def _write_lock(self) -> None:
         """SQLite: take the database write lock before any read (see the module docstring)."""
@@ -658,7 +672,12 @@ class DatabaseStorage(Storage):
             self._wait(deadline - time.monotonic(), since)
 
     def register_queue(self, queue: str) -> None:
-        self.QueueConfig.objects.using(self.using).get_or_create(name=queue)
+        qs = self.QueueConfig.objects.using(self.using)
+        if qs.filter(name=queue).exists():  # the common case: no write, no write lock
+            return
+        with self._atomic():
+            self._write_lock()
+            qs.get_or_create(name=queue)
 
     def list_queues(self) -> list[str]:
         names = self.QueueConfig.objects.using(self.using).values_list("name", flat=True)
@@ -676,12 +695,18 @@ class DatabaseStorage(Storage):
             "info": info,
         }  # fmt: skip
         # create_defaults replaces defaults on insert (it does not extend them).
-        self.WorkerInfo.objects.using(self.using).update_or_create(
-            worker_id=worker_id, defaults=fields, create_defaults={**fields, "started_at": _dt(now)}
-        )
+        with self._atomic():
+            self._write_lock()
+            self.WorkerInfo.objects.using(self.using).update_or_create(
+                worker_id=worker_id,
+                defaults=fields,
+                create_defaults={**fields, "started_at": _dt(now)},
+            )
 
     def deregister_worker(self, worker_id: str) -> None:
-        self.WorkerInfo.objects.using(self.using).filter(worker_id=worker_id).delete()
+        with self._atomic():
+            self._write_lock()
+            self.WorkerInfo.objects.using(self.using).filter(worker_id=worker_id).delete()
 
     def list_workers(self) -> list[WorkerRecord]:
         rows = self.WorkerInfo.objects.using(self.using).filter(expires_at__gt=_dt(self._now()))
