@@ -41,4 +41,8 @@ JOBQ = {
     "DATABASE_ALIAS": os.environ.get("JOBQ_TEST_DB_ALIAS", "default"),
     "REDIS_URL": REDIS_URL,
     "PREFIX": os.environ.get("JOBQ_TEST_PREFIX", "jobqtest"),
+    # Subprocess reapers must not mirror into (or purge) a database nobody migrated for them;
+    # tests/test_mirror.py drives the mirror and retention directly.
+    "MIRROR": {"ENABLED": os.environ.get("JOBQ_TEST_MIRROR") == "1"},
+    "RETENTION_DAYS": None,
 }

@@ -194,8 +194,9 @@ def test_mirror_refuses_a_backend_without_streams():
         Mirror(MemoryStorage())
 
 
-def test_reaper_runs_the_mirror_by_default_on_redis(redis_storage):
+def test_reaper_runs_the_mirror_by_default_on_redis(redis_storage, settings):
     from django_jobq.reaper import Reaper
 
+    settings.JOBQ = {"BACKEND": "redis"}  # the shipped defaults, not the test settings
     assert Reaper(storage=redis_storage).mirror is not None
     assert Reaper(storage=redis_storage, mirror=False).mirror is None

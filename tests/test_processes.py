@@ -36,6 +36,7 @@ def spawn(redis_prefix, tmp_path):
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "JOBQ_TEST_PREFIX": redis_prefix,
         "PYTHONPATH": str(ROOT),
+        "JOBQ_TEST_SQLITE": str(tmp_path / "subprocess.sqlite3"),  # no litter in /tmp
     }
 
     def start(*args: str, log: str = "proc") -> subprocess.Popen:
