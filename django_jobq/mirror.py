@@ -47,6 +47,12 @@ JOB_FIELDS = (
     "max_attempts", "stalls", "max_stalls", "priority", "result_ttl", "run_at", "created_at",
     "started_at", "finished_at", "expires_at", "worker",
 )  # fmt: skip
+# Column order of the raw upsert (see ``upsert``): JOB_FIELDS plus the key and model defaults.
+JOB_COLUMNS = (
+    "queue", "job_id", *JOB_FIELDS, "min_backoff", "max_backoff", "token", "waiters",
+)  # fmt: skip
+MAX_PARAMS = 30_000  # bound parameters per SQLite statement (its limit is 32,766)
+EVENT_COLUMNS = ("job", "queue", "kind", "at", "worker", "detail", "stream_id")
 KIND_STATE = {
     "queued": JobState.QUEUED,
     "scheduled": JobState.SCHEDULED,
@@ -71,6 +77,19 @@ def _error(raw: bytes | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return {"type": "Unreadable", "message": raw.decode("utf-8", "replace")}
+
+
+def _converter(field: Any, conn: Any) -> Any:
+    """How a Python value becomes a query parameter for ``field``, exactly as the ORM does it
+    (``get_db_prep_save``), or None where that is the identity: skipping the call for plain
+    ints and strings matters at tens of thousands of values per second."""
+    kind = field.get_internal_type()
+    if kind in ("CharField", "IntegerField", "PositiveIntegerField", "PositiveBigIntegerField",
+                "BigIntegerField", "ForeignKey", "BinaryField"):  # fmt: skip
+        return None
+    if kind == "DateTimeField" and conn.vendor == "postgresql":
+        return None  # psycopg sends aware datetimes as they are
+    return lambda value: field.get_db_prep_save(value, conn)
 
 
 class LagStats:
@@ -264,42 +283,77 @@ class Mirror:
             .filter(queue=queue, job_id__in=list(last))
             .values_list("job_id", "id")
         )
-        self.JobEvent.objects.using(self.using).bulk_create(
-            [
-                self.JobEvent(
-                    job_id=pks[e.job_id], queue=queue, kind=e.kind, at=_dt(e.at),
-                    worker=e.worker or "", stream_id=e.id,
-                )
-                for e in events
-                if e.job_id in pks
-            ],
-            ignore_conflicts=True,
-        )  # fmt: skip
+        rows = [
+            (pks[e.job_id], queue, e.kind, _dt(e.at), e.worker or "", None, e.id)
+            for e in events
+            if e.job_id in pks
+        ]
+        # A redelivered event hits the (queue, stream_id) unique index and is skipped.
+        self._execute_many(self.JobEvent, EVENT_COLUMNS, rows, "ON CONFLICT DO NOTHING")
 
     def upsert(self, queue: str, records: Sequence[JobRecord]) -> None:
-        """Insert or update one row per record, in one statement."""
+        """Insert or update one row per record, in one multi-row statement.
+
+        Raw SQL because this is the mirror's hot loop: the ORM's ``bulk_create`` spends most
+        of its time compiling the statement (measured: 3,800 events/s with it, below the
+        6,000/s a 2,000 jobs/s worker produces). Values still go through each field's
+        ``get_db_prep_save``, so every backend stores them exactly as the ORM would."""
         if not records:
             return
         handler = registry.get(queue)
         name = f"{handler.__module__}.{handler.__qualname__}" if handler else ""
         rows = [
-            self.Job(
-                queue=queue, job_id=r.job_id, state=r.state, handler=name,
-                payload=r.payload or b"", content_type=r.content_type, result=r.result,
-                error=_error(r.error), attempts=r.attempts, max_attempts=r.max_attempts,
-                stalls=r.stalls, max_stalls=r.max_stalls, priority=r.priority,
-                result_ttl=r.result_ttl, run_at=_dt(r.run_at), created_at=_dt(r.created_at),
-                started_at=_dt(r.started_at), finished_at=_dt(r.finished_at),
-                expires_at=_dt(r.expires_at), worker=r.worker or "",
+            (
+                queue, r.job_id, r.state.value, name, r.payload or b"", r.content_type,
+                r.result, _error(r.error), r.attempts, r.max_attempts, r.stalls, r.max_stalls,
+                r.priority, r.result_ttl, _dt(r.run_at), _dt(r.created_at), _dt(r.started_at),
+                _dt(r.finished_at), _dt(r.expires_at), r.worker or "",
+                # columns the mirror does not know: the model's defaults
+                1000, 3_600_000, 0, 0,
             )
             for r in records
         ]  # fmt: skip
-        self.Job.objects.using(self.using).bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["queue", "job_id"],
-            update_fields=list(JOB_FIELDS),
+        q = connections[self.using].ops.quote_name
+        updates = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in JOB_FIELDS)
+        self._execute_many(
+            self.Job, JOB_COLUMNS, rows, f"ON CONFLICT (queue, job_id) DO UPDATE SET {updates}"
         )
+
+    def _execute_many(
+        self, model: Any, columns: Sequence[str], rows: list[tuple], tail: str
+    ) -> None:
+        if not rows:
+            return
+        conn = connections[self.using]
+        fields = [model._meta.get_field(c) for c in columns]
+        convert = [_converter(f, conn) for f in fields]
+        prepared = [
+            tuple(c(v) if c else v for c, v in zip(convert, row, strict=True)) for row in rows
+        ]
+        q = conn.ops.quote_name
+        table = q(model._meta.db_table)
+        names = ", ".join(q(f.column) for f in fields)
+        if conn.vendor == "postgresql":
+            # One statement, one array per column: the query text stays short, so the driver
+            # does not re-parse thousands of placeholders per batch (that parse was most of
+            # the time with a VALUES list), and PostgreSQL plans it once.
+            casts = ", ".join(f"%s::{f.db_type(conn)}[]" for f in fields)
+            arrays = [list(col) for col in zip(*prepared, strict=True)]
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {table} ({names}) SELECT * FROM unnest({casts}) {tail}",  # noqa: S608
+                    arrays,
+                )
+            return
+        head = f"INSERT INTO {table} ({names}) VALUES "  # noqa: S608 - names from model meta
+        one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        # SQLite: one multi-row statement per chunk, under its bound-parameter limit.
+        per_chunk = max(1, MAX_PARAMS // len(fields))
+        with conn.cursor() as cursor:
+            for start in range(0, len(prepared), per_chunk):
+                chunk = prepared[start : start + per_chunk]
+                params = [value for row in chunk for value in row]
+                cursor.execute(head + ", ".join([one] * len(chunk)) + f" {tail}", params)
 
     def resync(self, queue: str, chunk: int = 500) -> int:
         """Rewrite every live record of ``queue`` (after a gap in the stream)."""

@@ -1,0 +1,218 @@
+"""Mirror lag under load: does the model mirror keep up with a worker draining 2,000 jobs/s?
+
+    python -m bench.mirror [--rate 2000] [--seconds 60] [--db sqlite|postgres] [--quick]
+
+Three processes, as in production: this one produces jobs at a steady rate, one ``runworker``
+drains them, one mirror (``Mirror.run``, the loop ``runmirror`` and ``runreaper`` use) writes
+the rows. Lag is measured by the mirror itself for every event: event time (Redis ``TIME``,
+stamped by the Lua script) to the commit of the batch that wrote it. Backlog (events not yet
+acknowledged by the mirror's group) is sampled every second: it must not grow. At the end the
+rows are checked against the jobs: every job mirrored, in its final state.
+
+Prints one JSON object on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUE = "mirrorbench"
+PG_DB = "jobq_mirror_bench"
+
+
+def log(message: str) -> None:
+    print(f"[bench.mirror] {message}", file=sys.stderr, flush=True)
+
+
+def child() -> None:
+    """The mirror process: run until SIGTERM, then report the lag it measured."""
+    import django
+
+    django.setup()
+    from django_jobq.mirror import Mirror
+
+    mirror = Mirror(queues=[QUEUE], consumer="bench-mirror")
+    mirror.lag.keep = 10_000_000
+    signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
+    mirror.run()
+    samples = sorted(mirror.lag.samples)
+
+    def pct(p: float) -> float | None:
+        return (
+            float(samples[min(len(samples) - 1, int(p / 100 * len(samples)))]) if samples else None
+        )
+
+    print(json.dumps({
+        "events": len(samples), "p50": pct(50), "p90": pct(90), "p99": pct(99),
+        "max": float(samples[-1]) if samples else None,
+        "mean": statistics.fmean(samples) if samples else None,
+    }))  # fmt: skip
+
+
+def prepare_database(env: dict[str, str], db: str) -> None:
+    if db == "sqlite":
+        path = Path(env["JOBQ_BENCH_SQLITE"])
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+    else:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {PG_DB}")
+            c.execute(f"CREATE DATABASE {PG_DB}")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0", "--settings", "bench.mirror_settings"],
+        cwd=ROOT, env=env, check=True,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=int, default=2000, help="jobs per second to produce")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to produce")
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--concurrency", type=int, default=32, help="worker concurrency")
+    parser.add_argument("--quick", action="store_true", help="10 s instead of 60 s")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.mirror_settings")
+    if args.child:
+        child()
+        return
+    seconds = 10.0 if args.quick else args.seconds
+
+    prefix = f"jobqbench-mirror-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "bench.mirror_settings",
+        "JOBQ_BENCH_PREFIX": prefix,
+        "JOBQ_BENCH_DB": args.db,
+        "JOBQ_BENCH_SQLITE": f"/tmp/jobq-mirror-bench-{os.getpid()}.sqlite3",  # noqa: S108
+        "JOBQ_BENCH_PG_DB": PG_DB,
+    }
+    os.environ.update(env)
+    prepare_database(env, args.db)
+
+    import django
+
+    django.setup()
+    from django_jobq.conf import get_storage
+    from django_jobq.models import Job
+    from django_jobq.queue import Queue
+    from django_jobq.states import JobState
+
+    storage = get_storage()
+    queue = Queue(QUEUE)
+    storage.register_queue(QUEUE)
+    storage.ensure_group(QUEUE, "jobq-mirror")
+    events_key = storage.keys(QUEUE).events
+    procs: list[subprocess.Popen] = []
+    result: dict[str, Any] = {}
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", QUEUE, "-c", str(args.concurrency),
+             "-v", "0", "--settings", "bench.mirror_settings"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        procs.append(worker)
+        mirror = subprocess.Popen(
+            [sys.executable, "-m", "bench.mirror", "--child"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        procs.append(mirror)
+        deadline = time.monotonic() + 30
+        while not storage.list_workers():
+            if time.monotonic() > deadline:
+                raise RuntimeError("worker did not start")
+            time.sleep(0.05)
+        time.sleep(1.0)  # the mirror process imports Django meanwhile
+
+        def backlog() -> int:
+            groups = storage.client.xinfo_groups(events_key)
+            g = next(g for g in groups if g["name"] in (b"jobq-mirror", "jobq-mirror"))
+            return int(g.get("lag") or 0) + int(g["pending"])
+
+        log(f"producing {args.rate} jobs/s for {seconds:.0f} s; mirror into {args.db}")
+        samples: list[tuple[float, int]] = []
+        produced, start = 0, time.monotonic()
+        next_sample = start + 1.0
+        while (elapsed := time.monotonic() - start) < seconds:
+            due = int(args.rate * elapsed) - produced
+            if due > 0:
+                queue.enqueue_many([(f"m{produced + i}", i) for i in range(due)])
+                produced += due
+            now = time.monotonic()
+            if now >= next_sample:
+                samples.append((round(now - start, 1), backlog()))
+                next_sample += 1.0
+            time.sleep(0.01)
+        produce_s = time.monotonic() - start
+        log(f"produced {produced} in {produce_s:.1f} s; waiting for the worker and mirror")
+        drain_deadline = time.monotonic() + 120
+        while queue.counts()[JobState.COMPLETED] < produced or backlog() > 0:
+            if time.monotonic() > drain_deadline:
+                raise RuntimeError("worker or mirror did not catch up within 120 s")
+            time.sleep(0.1)
+        catch_up_s = time.monotonic() - start - produce_s
+        mirror.send_signal(signal.SIGTERM)
+        out, _ = mirror.communicate(timeout=60)
+        lag = json.loads(out.strip().splitlines()[-1])
+
+        rows = Job.objects.filter(queue=QUEUE)
+        mirrored, completed_rows = rows.count(), rows.filter(state="completed").count()
+        third = max(1, len(samples) // 3)
+        first, last = samples[:third], samples[-third:]
+        result = {
+            "bench": "mirror_lag",
+            "db": args.db,
+            "rate_target_per_s": args.rate,
+            "rate_achieved_per_s": round(produced / produce_s, 1),
+            "seconds": round(produce_s, 1),
+            "jobs": produced,
+            "events_mirrored": lag["events"],
+            "lag_p50_ms": lag["p50"],
+            "lag_p90_ms": lag["p90"],
+            "lag_p99_ms": lag["p99"],
+            "lag_max_ms": lag["max"],
+            "backlog_first_third_avg": round(statistics.fmean(b for _, b in first), 1),
+            "backlog_last_third_avg": round(statistics.fmean(b for _, b in last), 1),
+            "backlog_max": max(b for _, b in samples),
+            "catch_up_after_producing_s": round(catch_up_s, 2),
+            "rows_mirrored": mirrored,
+            "rows_completed": completed_rows,
+            "target_lag_p99_ms": 1000,
+            "meets_lag_target": lag["p99"] is not None and lag["p99"] < 1000,
+            "all_rows_final": mirrored == produced and completed_rows == produced,
+        }
+    finally:
+        for proc in procs:  # by PID, never by name
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        keys = list(storage.client.scan_iter(match="{" + prefix + "*", count=1000))
+        if keys:
+            storage.client.delete(*keys)
+        if args.db == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(env["JOBQ_BENCH_SQLITE"] + suffix).unlink(missing_ok=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MirrorBenchConfig(AppConfig):
+    name = "bench.mirrorapp"
+    label = "jobq_mirror_bench"
