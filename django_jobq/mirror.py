@@ -341,11 +341,11 @@ class Mirror:
             arrays = [list(col) for col in zip(*prepared, strict=True)]
             with conn.cursor() as cursor:
                 cursor.execute(
-                    f"INSERT INTO {table} ({names}) SELECT * FROM unnest({casts}) {tail}",  # noqa: S608
+                    f"INSERT INTO {table} ({names}) SELECT * FROM unnest({casts}) {tail}",
                     arrays,
                 )
             return
-        head = f"INSERT INTO {table} ({names}) VALUES "  # noqa: S608 - names from model meta
+        head = f"INSERT INTO {table} ({names}) VALUES "
         one = "(" + ", ".join(["%s"] * len(fields)) + ")"
         # SQLite: one multi-row statement per chunk, under its bound-parameter limit.
         per_chunk = max(1, MAX_PARAMS // len(fields))

@@ -149,13 +149,46 @@ class DatabaseStorage(Storage):
             cursor.execute("PRAGMA journal_mode=WAL")
 
     def _events(self, rows: Sequence[tuple[int, str, str]], kind: str, now: int, worker="") -> None:
-        """Append one event per (pk, queue, job_id) in this transaction."""
-        if rows:
-            at = _dt(now)
-            self.JobEvent.objects.using(self.using).bulk_create(
-                [self.JobEvent(job_id=pk, queue=q, kind=kind, at=at, worker=worker or "")
-                 for pk, q, _ in rows]
-            )  # fmt: skip
+        """Append one event per (pk, queue, job_id) in this transaction (one statement)."""
+        if not rows:
+            return
+        at = self._param_dt(now)
+        table = self._event_table
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            values = ", ".join(["(%s, %s, %s, %s, %s, '')"] * len(chunk))
+            params: list[Any] = []
+            for pk, q, _ in chunk:
+                params += [pk, q, kind, at, worker or ""]
+            self._sql(
+                f"INSERT INTO {table} (job_id, queue, kind, at, worker, stream_id) VALUES {values}",
+                params,
+                fetch=False,
+            )
+
+    # Raw SQL for the hot paths. Table names come from the models' meta; values are always
+    # parameters.
+    @property
+    def _table(self) -> str:
+        return connections[self.using].ops.quote_name(self.Job._meta.db_table)
+
+    @property
+    def _event_table(self) -> str:
+        return connections[self.using].ops.quote_name(self.JobEvent._meta.db_table)
+
+    @property
+    def _skip_locked(self) -> str:
+        return " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+
+    def _param_dt(self, ms: int) -> Any:
+        """A datetime parameter as the ORM would store it (SQLite keeps text)."""
+        return connections[self.using].ops.adapt_datetimefield_value(_dt(ms))
+
+    def _sql(self, query: str, params: Sequence[Any], *, fetch: bool = True) -> list[Any]:
+        self._drop_broken_connection()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(query, params)
+            return [list(r) for r in cursor.fetchall()] if fetch else []
 
     def _signal(self, message: str) -> None:
         """Wake waiters once this transaction commits: NOTIFY for other processes (PostgreSQL),
@@ -225,15 +258,20 @@ class DatabaseStorage(Storage):
     # -- producer ---------------------------------------------------------------------------
 
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
-        now = self._now()
         with self._atomic():
             self._write_lock()
+            now = self._now()  # after the lock: no earlier than the commit we waited for
+            # The common case first: a new id is one INSERT … ON CONFLICT DO NOTHING (the
+            # unique (queue, job_id) index decides races, also between processes).
+            created = self._insert(queue, job, now)
+            if created is not None:
+                return created
             existing = self._existing(queue, job.job_id, now)
-            if existing is None:
+            if existing is None:  # it had expired: _existing removed it, the id is free
                 created = self._insert(queue, job, now)
                 if created is not None:
                     return created
-                existing = self._existing(queue, job.job_id, now)  # lost an insert race
+                existing = self._existing(queue, job.job_id, now)
             return self._duplicate(existing, job)
 
     def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
@@ -244,9 +282,9 @@ class DatabaseStorage(Storage):
         return out
 
     def _enqueue_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
-        now = self._now()
         with self._atomic():
             self._write_lock()
+            now = self._now()  # after the lock: no earlier than the commit we waited for
             ids = list(dict.fromkeys(job.job_id for job in jobs))
             qs = self._jobs().filter(queue=queue, job_id__in=ids)
             if self.vendor == "postgresql":
@@ -310,14 +348,27 @@ class DatabaseStorage(Storage):
         return row
 
     def _insert(self, queue: str, job: NewJob, now: int) -> StoredEnqueue | None:
-        row = self._new_row(queue, job, now)
-        try:
-            with transaction.atomic(using=self.using):  # savepoint: a race must not poison
-                row.save(force_insert=True, using=self.using)
-        except IntegrityError:
+        """Insert the job unless its id exists; None when it does. Raw SQL: enqueue is a hot
+        path and this is one statement where the ORM needed a read and a savepoint."""
+        o = job.options
+        due = max(job.run_at or 0, now + job.delay)
+        state = JobState.SCHEDULED if due > now else JobState.QUEUED
+        rows = self._sql(
+            f"INSERT INTO {self._table} (queue, job_id, handler, state, payload, content_type, "
+            "attempts, max_attempts, stalls, max_stalls, priority, min_backoff, max_backoff, "
+            "result_ttl, run_at, created_at, worker, token, waiters) VALUES (%s, %s, '', %s, %s, "
+            "%s, 0, %s, 0, %s, %s, %s, %s, %s, %s, %s, '', 0, %s) "
+            "ON CONFLICT (queue, job_id) DO NOTHING RETURNING id",
+            [
+                queue, job.job_id, state.value, job.payload, job.content_type, o.max_attempts,
+                o.max_stalls, o.priority, o.min_backoff, o.max_backoff, o.result_ttl,
+                self._param_dt(due) if state is JobState.SCHEDULED else None,
+                self._param_dt(now), 1 if job.waiter else 0,
+            ],
+        )  # fmt: skip
+        if not rows:
             return None
-        state = JobState(row.state)
-        self._events([(row.pk, queue, job.job_id)], state.value, now)
+        self._events([(rows[0][0], queue, job.job_id)], state.value, now)
         if state is JobState.QUEUED:
             self._signal(f"w {queue}")
         return StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, state)
@@ -338,35 +389,30 @@ class DatabaseStorage(Storage):
         since = self._snapshot()
         with self._cond:
             self._claim_seen.setdefault(worker_id, since)
-        now = self._now()
         with self._atomic():
             self._write_lock()
+            now = self._now()  # after the lock: no earlier than the commit we waited for
             self._promote_due(queue, now, 1000)
-            qs = self._jobs().filter(queue=queue, state=JobState.QUEUED).order_by("priority", "id")
-            if self.vendor == "postgresql":
-                qs = qs.select_for_update(skip_locked=True)
-            ids = list(qs.values_list("id", flat=True)[:count])
+            # One UPDATE … RETURNING moves the best queued jobs to active (SQLite ≥ 3.35 and
+            # PostgreSQL). Raw SQL: this is the worker's hot path, and the ORM version needed a
+            # select, an update and a re-select.
+            rows = self._sql(
+                f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
+                "attempts = attempts + 1, started_at = %s, lease_deadline = %s "
+                f"WHERE id IN (SELECT id FROM {self._table} WHERE queue = %s AND state = 'queued' "
+                f"ORDER BY priority, id LIMIT %s{self._skip_locked}) "
+                "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, "
+                "max_backoff, content_type, priority",
+                [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), queue, count],
+            )
+            rows.sort(key=lambda r: (r[9], r[0]))  # RETURNING has no order: priority, FIFO
             batch = ClaimBatch()
-            if ids:
-                self._jobs().filter(id__in=ids).update(
-                    state=JobState.ACTIVE, worker=worker_id, token=F("token") + 1,
-                    attempts=F("attempts") + 1, started_at=_dt(now),
-                    lease_deadline=_dt(now + lease_ms),
-                )  # fmt: skip
-                rows = list(
-                    self._jobs().filter(id__in=ids).order_by("priority", "id").values(
-                        "id", "job_id", "payload", "token", "attempts", "max_attempts",
-                        "min_backoff", "max_backoff", "content_type",
-                    )
-                )  # fmt: skip
-                self._events([(r["id"], queue, r["job_id"]) for r in rows], "active", now,
-                             worker_id)  # fmt: skip
+            if rows:
+                self._events([(r[0], queue, r[1]) for r in rows], "active", now, worker_id)
                 batch.jobs = [
-                    ClaimedJob(queue, r["job_id"], bytes(r["payload"]), r["token"], r["attempts"],
-                               r["max_attempts"], r["min_backoff"], r["max_backoff"],
-                               r["content_type"])
+                    ClaimedJob(queue, r[1], bytes(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
                     for r in rows
-                ]  # fmt: skip
+                ]
             due = (
                 self._jobs().filter(queue=queue, state__in=SCHEDULED_STATES)
                 .order_by("run_at").values_list("run_at", flat=True).first()
@@ -375,13 +421,14 @@ class DatabaseStorage(Storage):
             return batch
 
     def _promote_due(self, queue: str, now: int, limit: int) -> int:
-        rows = list(
-            self._jobs().filter(queue=queue, state__in=SCHEDULED_STATES, run_at__lte=_dt(now))
-            .order_by("run_at").values_list("id", "queue", "job_id")[:limit]
-        )  # fmt: skip
+        rows = self._sql(
+            f"UPDATE {self._table} SET state = 'queued' WHERE id IN (SELECT id FROM "
+            f"{self._table} WHERE queue = %s AND state IN ('scheduled', 'retrying') "
+            f"AND run_at <= %s ORDER BY run_at LIMIT %s{self._skip_locked}) RETURNING id, job_id",
+            [queue, self._param_dt(now), limit],
+        )
         if rows:
-            self._jobs().filter(id__in=[r[0] for r in rows]).update(state=JobState.QUEUED)
-            self._events(rows, "queued", now)
+            self._events([(r[0], queue, r[1]) for r in rows], "queued", now)
             self._signal(f"w {queue}")
         return len(rows)
 
@@ -550,9 +597,9 @@ class DatabaseStorage(Storage):
     # -- management -------------------------------------------------------------------------
 
     def cancel(self, queue: str, job_id: str) -> CancelOutcome:
-        now = self._now()
         with self._atomic():
             self._write_lock()
+            now = self._now()  # after the lock: no earlier than the commit we waited for
             existing = self._existing(queue, job_id, now)
             if existing is None:
                 return CancelOutcome.NOT_FOUND
@@ -608,10 +655,10 @@ class DatabaseStorage(Storage):
             self._wait(remaining, since)
 
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
-        now = self._now()
         report = ReapReport()
         with self._atomic():
             self._write_lock()
+            now = self._now()
             qs = (
                 self._jobs()
                 .filter(queue=queue, state=JobState.ACTIVE, lease_deadline__lte=_dt(now))
