@@ -4,12 +4,7 @@ surviving a dropped connection: the situations SQLite locking and PostgreSQL SKI
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -17,8 +12,9 @@ from django.db import connections
 from django_jobq import JobState
 from django_jobq.queue import Queue
 
+from .helpers import Spawner, wait_until
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 ALIASES = {"sqlite": "default", "postgres": "pg"}
 
 
@@ -27,50 +23,20 @@ def backend(request):
     return request.param
 
 
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 @pytest.fixture
 def spawn(backend, tmp_path):
-    alias = ALIASES[backend]
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(ROOT),
-        "JOBQ_TEST_BACKEND": "database",
-        "JOBQ_TEST_DB_ALIAS": alias,
-        # The test databases, not the ones the settings name outside tests.
-        "JOBQ_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
-        "JOBQ_TEST_PG_DB": connections["pg"].settings_dict["NAME"],
-    }
-
-    def start(*args: str, log: str = "proc") -> subprocess.Popen:
-        out = (tmp_path / f"{log}-{len(procs)}.log").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        proc.log_path = out.name
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:  # by PID, never by name
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    spawner = Spawner(
+        tmp_path,
+        {
+            "JOBQ_TEST_BACKEND": "database",
+            "JOBQ_TEST_DB_ALIAS": ALIASES[backend],
+            # The test databases, not the ones the settings name outside tests.
+            "JOBQ_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+            "JOBQ_TEST_PG_DB": connections["pg"].settings_dict["NAME"],
+        },
+    )
+    yield spawner
+    spawner.stop_all()
 
 
 def test_two_worker_processes_share_the_queue_and_survive_a_sigkill(live_storage, spawn, tmp_path):

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,45 +11,22 @@ from django_jobq import JobState
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 
+from .helpers import Spawner, wait_until
+
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture
 def spawn(redis_prefix, tmp_path):
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "JOBQ_TEST_PREFIX": redis_prefix,
-        "PYTHONPATH": str(ROOT),
-        "JOBQ_TEST_SQLITE": str(tmp_path / "subprocess.sqlite3"),  # no litter in /tmp
-    }
-
-    def start(*args: str, log: str = "proc") -> subprocess.Popen:
-        out = (tmp_path / f"{log}-{len(procs)}.log").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        proc.log_path = out.name
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:  # by PID, never by name
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    spawner = Spawner(
+        tmp_path,
+        {
+            "JOBQ_TEST_PREFIX": redis_prefix,
+            "JOBQ_TEST_SQLITE": str(tmp_path / "subprocess.sqlite3"),  # no litter in /tmp
+        },
+    )
+    yield spawner
+    spawner.stop_all()
 
 
 @pytest.fixture

@@ -13,15 +13,7 @@ from django_jobq.queue import Queue
 from django_jobq.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:
-    """Bounded polling for test observations (never used by the product)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
+from .helpers import wait_until
 
 
 @pytest.fixture

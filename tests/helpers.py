@@ -1,0 +1,58 @@
+"""Small helpers shared by test modules (polling for an observation, managed subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> bool:
+    """Bounded polling for test observations (never used by the product)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class Spawner:
+    """Starts ``manage.py`` commands with the test settings, each logging to its own file, and
+    stops every one it started by PID (never by name): SIGTERM, then SIGKILL if it hangs."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self.procs: list[subprocess.Popen] = []
+
+    def __call__(self, *args: str, log: str = "proc") -> subprocess.Popen:
+        out = (self.log_dir / f"{log}-{len(self.procs)}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"],
+            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        proc.log_path = out.name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
