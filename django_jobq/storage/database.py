@@ -389,6 +389,12 @@ class DatabaseStorage(Storage):
         since = self._snapshot()
         with self._cond:
             self._claim_seen.setdefault(worker_id, since)
+        batch = ClaimBatch()
+        if not self._claimable(queue, self._now()):
+            # Nothing to take: answer from a read, without queueing for SQLite's single write
+            # lock (idle workers on several queues would otherwise serialise every writer).
+            batch.next_due_in = self._next_due_in(queue, self._now())
+            return batch
         with self._atomic():
             self._write_lock()
             now = self._now()  # after the lock: no earlier than the commit we waited for
@@ -406,19 +412,30 @@ class DatabaseStorage(Storage):
                 [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), queue, count],
             )
             rows.sort(key=lambda r: (r[9], r[0]))  # RETURNING has no order: priority, FIFO
-            batch = ClaimBatch()
             if rows:
                 self._events([(r[0], queue, r[1]) for r in rows], "active", now, worker_id)
                 batch.jobs = [
                     ClaimedJob(queue, r[1], bytes(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
                     for r in rows
                 ]
-            due = (
-                self._jobs().filter(queue=queue, state__in=SCHEDULED_STATES)
-                .order_by("run_at").values_list("run_at", flat=True).first()
-            )  # fmt: skip
-            batch.next_due_in = None if due is None else max(_ms(due) - now, 0)
+            batch.next_due_in = self._next_due_in(queue, now)
             return batch
+
+    def _claimable(self, queue: str, now: int) -> bool:
+        return bool(
+            self._sql(
+                f"SELECT 1 FROM {self._table} WHERE queue = %s AND (state = 'queued' OR "
+                "(state IN ('scheduled', 'retrying') AND run_at <= %s)) LIMIT 1",
+                [queue, self._param_dt(now)],
+            )
+        )
+
+    def _next_due_in(self, queue: str, now: int) -> int | None:
+        due = (
+            self._jobs().filter(queue=queue, state__in=SCHEDULED_STATES)
+            .order_by("run_at").values_list("run_at", flat=True).first()
+        )  # fmt: skip
+        return None if due is None else max(_ms(due) - now, 0)
 
     def _promote_due(self, queue: str, now: int, limit: int) -> int:
         rows = self._sql(
