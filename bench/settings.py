@@ -1,0 +1,35 @@
+"""Settings of the throughput/latency benchmark (``python -m bench.core``).
+
+Minimal on purpose: only what the Redis backend and a ``runworker`` need, so the figures measure
+django_jobq and not middleware or apps. The key prefix comes from the environment because the
+benchmark and its ``runworker`` subprocess must share it, and each run picks a fresh one so it
+never touches another run's (or anyone else's) keys.
+"""
+
+import os
+import tempfile
+
+SECRET_KEY = "bench-only-not-secret"  # noqa: S105
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_jobq",
+    "bench.benchapp",
+]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        # Never opened by the benchmark (the Redis backend needs no table); kept out of the repo.
+        "NAME": os.environ.get(
+            "JOBQ_BENCH_SQLITE", os.path.join(tempfile.gettempdir(), "jobq-bench.sqlite3")
+        ),
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+JOBQ = {
+    "BACKEND": "redis",
+    "REDIS_URL": os.environ.get("JOBQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "PREFIX": os.environ.get("JOBQ_BENCH_PREFIX", "jobqbench"),
+}
+LOGGING = {"version": 1, "disable_existing_loggers": False}
