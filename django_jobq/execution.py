@@ -57,6 +57,11 @@ def error_body(exc: BaseException, kind: str | None = None) -> bytes:
     return json.dumps(record).encode()
 
 
+# One generator for every job's retry jitter: seeding a new Random per job cost more than
+# running a no-op handler (measured ~11-25 us a job in the drain profile).
+_JITTER = random.Random()  # noqa: S311 - jitter, not security
+
+
 def make_job(claimed: ClaimedJob, payload: Any) -> Job:
     return Job(
         id=claimed.job_id,
@@ -79,7 +84,6 @@ def execute(
     Never raises: a malformed payload, a missing handler or an unserialisable result fails the
     job permanently (retrying would not help); any other error retries with backoff.
     """
-    rng = rng or random.Random()  # noqa: S311 - jitter, not security
     label = f"[{claimed.queue}/{claimed.job_id}]"
     serde = None
     try:
@@ -108,7 +112,9 @@ def execute(
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
         delay = requested_retry_ms(exc)
         if delay is None:
-            delay = backoff_ms(claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng)
+            delay = backoff_ms(
+                claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng or _JITTER
+            )
         logger.warning(
             "%s attempt %d/%d failed: %s: %s", label, claimed.attempt, claimed.max_attempts,
             type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),

@@ -23,7 +23,10 @@ def _read(name: str) -> str:
     return _INCLUDE.sub(lambda m: (LUA_DIR / "includes" / f"{m[1]}.lua").read_text(), source)
 
 
-NAMES = ("enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel", "reap")
+NAMES = (
+    "enqueue", "claim", "heartbeat", "complete", "complete_many", "fail", "release", "cancel",
+    "reap",
+)  # fmt: skip
 SOURCES: dict[str, str] = {name: _read(name) for name in NAMES}
 SHAS: dict[str, str] = {
     name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
