@@ -4,8 +4,8 @@ hands storage one atomic operation per call."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -98,7 +98,8 @@ class Queue:
         **options: Any,
     ) -> NewJob:
         """Validate and serialise one job without storing it (what every enqueue path uses)."""
-        job_id = uuid.uuid4().hex if job_id is None else validate_job_id(job_id)
+        # 128 random bits as 32 hex characters (uuid4's length, a fifth of its cost).
+        job_id = os.urandom(16).hex() if job_id is None else validate_job_id(job_id)
         unknown = set(options) - set(OPTION_NAMES)
         if unknown:
             raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")

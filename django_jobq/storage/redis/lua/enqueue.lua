@@ -29,8 +29,13 @@ local maxlen = ARGV[2]
 local width = tonumber(ARGV[3])
 local out = {}
 local woke = false
+-- One INCRBY reserves a FIFO sequence number for every job of the call (ids that turn out to
+-- be duplicates leave gaps, which order does not mind): one command instead of one per job.
+local njobs = (#ARGV - 3) / width
+local seq = redis.call('INCRBY', seq_key, njobs) - njobs
 
 for base = 4, #ARGV, width do
+  seq = seq + 1
   local id = ARGV[base]
   local job_key = job_prefix .. id
   local existing = redis.call('HMGET', job_key, 'state', 'result', 'error')
@@ -46,7 +51,6 @@ for base = 4, #ARGV, width do
     table.insert(out, existing[2] or false)
     table.insert(out, existing[3] or false)
   else
-    local seq = redis.call('INCR', seq_key)
     local run_at = math.max(tonumber(ARGV[base + 9]), now + tonumber(ARGV[base + 11]))
     local state = 'queued'
     if run_at > now then state = 'scheduled' end
@@ -55,8 +59,10 @@ for base = 4, #ARGV, width do
       'max_attempts', ARGV[base + 3], 'result_ttl', ARGV[base + 4],
       'min_backoff', ARGV[base + 5], 'max_backoff', ARGV[base + 6],
       'max_stalls', ARGV[base + 7], 'priority', ARGV[base + 8], 'seq', seq,
-      'attempts', 0, 'stalls', 0, 'token', 0, 'created', fmt(now),
-      'waiters', waiter and 1 or 0)
+      'created', fmt(now))
+    -- attempts, stalls, token and waiters start at 0 by being absent (HINCRBY and the
+    -- readers treat a missing field as 0): four fewer fields to write per job.
+    if waiter then redis.call('HSET', job_key, 'waiters', 1) end
     if state == 'scheduled' then
       redis.call('HSET', job_key, 'run_at', fmt(run_at))
       redis.call('ZADD', scheduled_key, run_at, id)
