@@ -100,9 +100,10 @@ class Queue:
         """Validate and serialise one job without storing it (what every enqueue path uses)."""
         # 128 random bits as 32 hex characters (uuid4's length, a fifth of its cost).
         job_id = os.urandom(16).hex() if job_id is None else validate_job_id(job_id)
-        unknown = set(options) - set(OPTION_NAMES)
-        if unknown:
-            raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")
+        if options:
+            unknown = set(options) - set(OPTION_NAMES)
+            if unknown:
+                raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")
         resolved = self._resolve_options(options)
         body = self.serde.dumps(payload)
         if len(body) > self.max_payload_bytes:

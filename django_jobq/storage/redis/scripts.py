@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 LUA_DIR = Path(__file__).parent / "lua"
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
@@ -61,6 +61,39 @@ class Scripts:
         if missing:
             self.load_all()
             again = self._pipeline([calls[i] for i in missing])
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def call_streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Like ``call_many``, but each call is written to the socket as soon as it is packed,
+        so Redis runs call k while the client packs call k+1 (a pipeline packs everything
+        first, then waits: client and server time add up instead of overlapping)."""
+        if not calls:
+            return []
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            for name, keys, args in calls:
+                conn.send_command("EVALSHA", SHAS[name], len(keys), *keys, *args)
+            results: list[Any] = []
+            for _ in calls:
+                try:
+                    results.append(conn.read_response())
+                except ResponseError as exc:  # that call alone failed (NOSCRIPT, script error)
+                    results.append(exc)
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never reuse this connection
+            raise
+        finally:
+            pool.release(conn)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            self.load_all()
+            again = self.call_many([calls[i] for i in missing])
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
         for result in results:

@@ -31,7 +31,9 @@ _ENQUEUE_CODES = {
 }
 _FAIL_CODES = {0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING}
 ACK_CHUNK = 500  # completions per complete_many script call
-ENQUEUE_CHUNK = 500  # jobs per enqueue script call in bulk: bounds how long one call blocks Redis
+# Jobs per enqueue script call in bulk: small enough that Redis runs one call while the client
+# packs the next (see Scripts.call_streamed), and bounds how long one call blocks Redis.
+ENQUEUE_CHUNK = 100
 
 
 def _s(value: bytes | str) -> str:
@@ -126,15 +128,25 @@ class RedisStorage(Storage):
     # -- producer ---------------------------------------------------------------------------
 
     def _enqueue_call(self, queue: str, jobs: Sequence[NewJob]) -> tuple[str, list, list]:
+        """Options shared by several jobs are sent once (see enqueue.lua): a bulk call of jobs
+        with the queue's defaults packs three arguments a job instead of twelve."""
         k = self.keys(queue)
-        args: list[Any] = [self._now_arg(), self.events_maxlen, 12]
+        sets: dict[tuple, int] = {}
+        per_job: list[Any] = []
         for j in jobs:
             o = j.options
-            args += [
-                j.job_id, j.payload, j.content_type, o.max_attempts, o.result_ttl,
-                o.min_backoff, o.max_backoff, o.max_stalls, o.priority, j.run_at or 0,
-                1 if j.waiter else 0, j.delay,
-            ]  # fmt: skip
+            key = (
+                j.content_type, o.max_attempts, o.result_ttl, o.min_backoff, o.max_backoff,
+                o.max_stalls, o.priority, j.run_at or 0, 1 if j.waiter else 0, j.delay,
+            )  # fmt: skip
+            number = sets.get(key)
+            if number is None:
+                number = sets[key] = len(sets) + 1
+            per_job += [j.job_id, j.payload, number]
+        args: list[Any] = [self._now_arg(), self.events_maxlen, len(sets)]
+        for key in sets:
+            args += key
+        args += per_job
         return "enqueue", [k.job_prefix, k.queued, k.scheduled, k.wake, k.seq, k.events], args
 
     @staticmethod
@@ -159,7 +171,7 @@ class RedisStorage(Storage):
 
     def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
         chunks = [jobs[i : i + ENQUEUE_CHUNK] for i in range(0, len(jobs), ENQUEUE_CHUNK)]
-        raws = self.scripts.call_many([self._enqueue_call(queue, c) for c in chunks])
+        raws = self.scripts.call_streamed([self._enqueue_call(queue, c) for c in chunks])
         out: list[StoredEnqueue] = []
         for chunk, raw in zip(chunks, raws, strict=True):
             out += self._parse_enqueue(chunk, raw)
