@@ -256,6 +256,41 @@ def measure_enqueue_one(n: int, prefix: str) -> dict[str, Any]:
     return {"jobs": n, "seconds": round(elapsed, 4), "per_s": round(n / elapsed, 1)}
 
 
+def measure_enqueue_one_threads(n: int, threads: int, prefix: str) -> dict[str, Any]:
+    """The same one-job calls from ``threads`` producer threads (a web server's request
+    threads): each call still waits for its own reply, but calls overlap on the wire. On a
+    machine whose sequential PING rate is below the one-by-one target, this is the figure that
+    shows what the queue itself can take."""
+    import threading
+
+    from django_jobq.queue import Queue
+
+    client = redis_client()
+    queue = Queue(ENQ_QUEUE)
+    for i in range(200):
+        queue.enqueue(payload={"n": -i})
+    per_thread = n // threads
+    barrier = threading.Barrier(threads + 1)
+
+    def produce() -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            queue.enqueue(payload={"n": i})
+
+    workers = [threading.Thread(target=produce) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in workers:
+        t.join()
+    elapsed = time.perf_counter() - start
+    delete_matching(client, queue_pattern(prefix, ENQ_QUEUE))
+    jobs = per_thread * threads
+    return {"jobs": jobs, "threads": threads, "seconds": round(elapsed, 4),
+            "per_s": round(jobs / elapsed, 1)}  # fmt: skip
+
+
 def measure_enqueue_bulk(n: int, chunk: int, prefix: str) -> dict[str, Any]:
     """N jobs through ``Queue.enqueue_many`` ``chunk`` at a time (items built before timing:
     the caller's own loop is not the queue's cost; validation and serialisation are timed)."""
@@ -494,6 +529,9 @@ def one_run(args: argparse.Namespace, prefix: str, index: int, log_dir: Path) ->
     log(f"run {index + 1}: enqueue one by one, {sizes['one']} jobs")
     run["enqueue_one"] = measure_enqueue_one(sizes["one"], prefix)
     log(f"  {run['enqueue_one']['per_s']:,.0f}/s")
+    log(f"run {index + 1}: enqueue one by one from 4 threads, {sizes['one']} jobs")
+    run["enqueue_one_threads"] = measure_enqueue_one_threads(sizes["one"], 4, prefix)
+    log(f"  {run['enqueue_one_threads']['per_s']:,.0f}/s")
     run["enqueue_bulk"] = []
     for chunk in args.chunks:
         log(f"run {index + 1}: enqueue_many, {sizes['bulk']} jobs in chunks of {chunk}")
@@ -541,6 +579,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = drain_by_c[best_c]
     return {
         "enqueue_one_per_s": med(run["enqueue_one"]["per_s"] for run in runs),
+        "enqueue_one_4_threads_per_s": med(run["enqueue_one_threads"]["per_s"] for run in runs),
         "enqueue_bulk_per_s": bulk_by_chunk[best_chunk],
         "enqueue_bulk_chunk": best_chunk,
         "enqueue_bulk_by_chunk": bulk_by_chunk,
