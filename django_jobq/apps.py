@@ -13,3 +13,8 @@ class JobQConfig(AppConfig):
 
         # Handlers live in each app's jobs.py; importing them registers them.
         autodiscover_modules("jobs")
+        # Queues served by a django.tasks JobQBackend get their handler now, before a worker
+        # looks for handlers.
+        from .tasks_backend import register_task_queues
+
+        register_task_queues()
