@@ -3,7 +3,7 @@ own and the outcomes come back in the order sent, however the backend groups the
 
 from __future__ import annotations
 
-from django_jobq.job import AckOutcome, JobOptions, NewJob
+from django_jobq.job import AckOutcome, EnqueueOutcome, JobOptions, NewJob
 from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
 
@@ -47,3 +47,20 @@ def test_a_large_batch_of_completions_spans_several_chunks(storage):
     assert len(outcomes) == 1203 and set(outcomes) == {AckOutcome.COMPLETED}
     assert storage.counts(Q)[JobState.COMPLETED] == 1203
     assert storage.get_record(Q, "b1202").result == b'"b1202"'
+
+
+def test_batched_calls_survive_a_script_flush(redis_client, redis_prefix):
+    """After a Redis restart or SCRIPT FLUSH the cached scripts are gone: both the pipelined
+    (ack) and the streamed (bulk enqueue) paths reload them and run every call once."""
+    from django_jobq.storage.redis.storage import RedisStorage
+
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    redis_client.script_flush()
+    out = storage.enqueue_many(Q, [NewJob(f"f{i}", b"1", JobOptions()) for i in range(250)])
+    assert {r.outcome for r in out} == {EnqueueOutcome.QUEUED}
+    claimed = storage.claim(Q, "w", 300, 30_000).jobs
+    assert len(claimed) == 250
+    redis_client.script_flush()
+    acks = [Ack("complete", j.job_id, j.token, b"1") for j in claimed]
+    assert set(storage.ack_many(Q, acks)) == {AckOutcome.COMPLETED}
+    assert storage.counts(Q)[JobState.COMPLETED] == 250

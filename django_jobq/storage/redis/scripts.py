@@ -52,15 +52,25 @@ class Scripts:
             return self.client.evalsha(SHAS[name], len(keys), *keys, *args)
 
     def call_many(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Several script calls in one pipelined round trip. A call refused with NOSCRIPT did
-        not run, so it is safe to send it again once the scripts are loaded."""
+        """Several script calls in one pipelined round trip."""
+        return self._run(calls, self._pipeline)
+
+    def call_streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Like ``call_many``, but each call is written to the socket as soon as it is packed,
+        so Redis runs call k while the client packs call k+1 (a pipeline packs everything
+        first, then waits: client and server time add up instead of overlapping)."""
+        return self._run(calls, self._streamed)
+
+    def _run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], send) -> list[Any]:
+        """Send ``calls`` and raise the first error. A call refused with NOSCRIPT did not run,
+        so it is safe to send it again once the scripts are loaded."""
         if not calls:
             return []
-        results = self._pipeline(calls)
+        results = send(calls)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:
-            self.load_all()
-            again = self._pipeline([calls[i] for i in missing])
+            self.load_all()  # after a restart, failover or SCRIPT FLUSH
+            again = send([calls[i] for i in missing])
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
         for result in results:
@@ -68,12 +78,7 @@ class Scripts:
                 raise result
         return results
 
-    def call_streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Like ``call_many``, but each call is written to the socket as soon as it is packed,
-        so Redis runs call k while the client packs call k+1 (a pipeline packs everything
-        first, then waits: client and server time add up instead of overlapping)."""
-        if not calls:
-            return []
+    def _streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
@@ -85,21 +90,12 @@ class Scripts:
                     results.append(conn.read_response())
                 except ResponseError as exc:  # that call alone failed (NOSCRIPT, script error)
                     results.append(exc)
+            return results
         except BaseException:
             conn.disconnect()  # replies may be left unread: never reuse this connection
             raise
         finally:
             pool.release(conn)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
-            self.load_all()
-            again = self.call_many([calls[i] for i in missing])
-            for i, result in zip(missing, again, strict=True):
-                results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
 
     def _pipeline(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
