@@ -36,7 +36,7 @@ from django.db import connections, transaction
 
 from .conf import get_storage, jobq_settings
 from .job import Event, JobRecord
-from .registry import registry
+from .registry import handler_name, registry
 from .states import TERMINAL_STATES, JobState
 
 logger = logging.getLogger("django_jobq.mirror")
@@ -300,8 +300,7 @@ class Mirror:
         ``get_db_prep_save``, so every backend stores them exactly as the ORM would."""
         if not records:
             return
-        handler = registry.get(queue)
-        name = f"{handler.__module__}.{handler.__qualname__}" if handler else ""
+        name = handler_name(queue)
         rows = [
             (
                 queue, r.job_id, r.state.value, name, r.payload or b"", r.content_type,

@@ -38,6 +38,13 @@ class HandlerRegistry:
         return sorted(self._handlers)
 
 
+def handler_name(queue: str) -> str:
+    """Dotted path of the handler registered for ``queue`` here ("" when none): what the
+    ``Job.handler`` column shows."""
+    func = registry.get(queue)
+    return _qualname(func) if func is not None else ""
+
+
 def _qualname(func: Callable) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 

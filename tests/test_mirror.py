@@ -61,6 +61,7 @@ def test_rows_follow_every_transition(redis_storage, mirror, alias):
     rows = {j.job_id: j for j in Job.objects.using(alias).all()}
     assert {k: r.state for k, r in rows.items()} == {"a": "queued", "b": "queued"}
     assert bytes(rows["a"].payload) == b'{"n": 1}'
+    assert rows["a"].handler == ""  # no handler registered for this queue in this process
 
     run_one(redis_storage, b'{"done": true}')
     job = redis_storage.claim(Q, "worker-1", 1, 30_000).jobs[0]
@@ -200,3 +201,11 @@ def test_reaper_runs_the_mirror_by_default_on_redis(redis_storage, settings):
     settings.JOBQ = {"BACKEND": "redis"}  # the shipped defaults, not the test settings
     assert Reaper(storage=redis_storage).mirror is not None
     assert Reaper(storage=redis_storage, mirror=False).mirror is None
+
+
+def test_mirrored_rows_name_the_queue_handler(redis_storage, alias):
+    mirror = Mirror(redis_storage, queues=["tests-echo"], using=alias, consumer="m1")
+    mirror.queues()
+    redis_storage.enqueue("tests-echo", NewJob("h", b"1", JobOptions()))
+    mirror.drain()
+    assert Job.objects.using(alias).get(job_id="h").handler == "tests.jobsapp.jobs.echo"

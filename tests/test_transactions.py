@@ -68,3 +68,14 @@ def test_uncommitted_job_is_invisible_to_a_worker_thread(live_storage):
     if not claimed:
         claimed = live_storage.claim("tx", "w", 5, 1000).jobs
     assert [j.job_id for j in claimed] == ["pending"]
+
+
+def test_rows_name_the_queue_handler(live_storage):
+    """The admin and API show which code runs a job: the handler registered for its queue."""
+    from django_jobq.models import Job
+
+    q = Queue("tests-echo", storage=live_storage)
+    q.enqueue("one", 1)
+    q.enqueue_many([("two", 2)])
+    handlers = set(Job.objects.using(live_storage.using).values_list("handler", flat=True))
+    assert handlers == {"tests.jobsapp.jobs.echo"}

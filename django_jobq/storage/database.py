@@ -41,6 +41,7 @@ from ..job import (
     NewJob,
     StoredEnqueue,
 )
+from ..registry import handler_name
 from ..states import TERMINAL_STATES, WAITING_STATES, JobState
 from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 
@@ -329,8 +330,8 @@ class DatabaseStorage(Storage):
         due = max(job.run_at or 0, now + job.delay)
         state = JobState.SCHEDULED if due > now else JobState.QUEUED
         return self.Job(
-            queue=queue, job_id=job.job_id, state=state, payload=job.payload,
-            content_type=job.content_type, max_attempts=o.max_attempts,
+            queue=queue, job_id=job.job_id, handler=handler_name(queue), state=state,
+            payload=job.payload, content_type=job.content_type, max_attempts=o.max_attempts,
             max_stalls=o.max_stalls, priority=o.priority, min_backoff=o.min_backoff,
             max_backoff=o.max_backoff, result_ttl=o.result_ttl,
             run_at=_dt(due) if state is JobState.SCHEDULED else None,
@@ -356,11 +357,12 @@ class DatabaseStorage(Storage):
         rows = self._sql(
             f"INSERT INTO {self._table} (queue, job_id, handler, state, payload, content_type, "
             "attempts, max_attempts, stalls, max_stalls, priority, min_backoff, max_backoff, "
-            "result_ttl, run_at, created_at, worker, token, waiters) VALUES (%s, %s, '', %s, %s, "
+            "result_ttl, run_at, created_at, worker, token, waiters) VALUES (%s, %s, %s, %s, %s, "
             "%s, 0, %s, 0, %s, %s, %s, %s, %s, %s, %s, '', 0, %s) "
             "ON CONFLICT (queue, job_id) DO NOTHING RETURNING id",
             [
-                queue, job.job_id, state.value, job.payload, job.content_type, o.max_attempts,
+                queue, job.job_id, handler_name(queue), state.value, job.payload,
+                job.content_type, o.max_attempts,
                 o.max_stalls, o.priority, o.min_backoff, o.max_backoff, o.result_ttl,
                 self._param_dt(due) if state is JobState.SCHEDULED else None,
                 self._param_dt(now), 1 if job.waiter else 0,
