@@ -429,9 +429,17 @@ def test_wait_for_jobs_wakes_on_an_enqueue_and_on_interrupt(live_storage):
     live_storage.wait_for_jobs(["idle-q"], 5, "w2")
     assert time.monotonic() - start < 2
 
-    start = time.monotonic()
-    live_storage.wait_for_jobs(["idle-q"], 0.2, "w3")
-    assert time.monotonic() - start >= 0.15
+    # With nothing happening the wait lasts its timeout. A backend may wake spuriously once
+    # more for a commit it noticed late (SQLite's cross-process watcher sees the timer thread's
+    # commit a poll later), so one of three quiet waits must last: a wait that never blocks fails.
+    waited = []
+    for _ in range(3):
+        start = time.monotonic()
+        live_storage.wait_for_jobs(["idle-q"], 0.2, "w3")
+        waited.append(time.monotonic() - start)
+        if waited[-1] >= 0.15:
+            break
+    assert max(waited) >= 0.15, waited
 
 
 # -- events, counts, registries ----------------------------------------------------------------
