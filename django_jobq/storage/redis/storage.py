@@ -122,8 +122,9 @@ class _Combiner:
     its job; the caller whose call returns hands the parked jobs (up to ``COMBINE_MAX``) to the
     first of them, which runs them as one call. Each thread makes at most one call, for its own
     batch, so a parked job waits at most for one call ahead of it, and many parked jobs share
-    one round trip instead of taking turns for connections. Jobs of one call are processed in order by the same script as ``enqueue_many``, so
-    the results are those of the same calls made one after another."""
+    one round trip instead of taking turns for connections. Jobs of one call are processed in
+    order by the same script as ``enqueue_many``, so the results are those of the same calls
+    made one after another."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
