@@ -27,7 +27,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy django_jobq
 
 test: $(BIN)/.installed lint
-	scripts/ensure-services redis postgres
+	scripts/ensure-services redis postgres rabbitmq
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest

@@ -59,6 +59,16 @@ DEFAULTS: dict[str, Any] = {
         "reap_interval": 5.0,  # seconds between a worker's own stalled-job sweeps (0: off)
     },
     "REAPER": {"interval": 1.0, "batch": 1000},
+    # Celery interoperability (django_jobq.celery_compat, docs/migrating-from-celery.md).
+    "CELERY": {
+        "BROKER_URL": None,  # kombu URL: publish(), and the bridge of CONSUME_QUEUES
+        "CONSUME_QUEUES": [],  # Celery queues runworker bridges without --from-kombu
+        "ROUTES": {},  # {"celery.task.name": "jobq-queue"} for tasks run by a plain @handler
+        "RESULT_BACKEND": None,  # redis:// URL of Celery's result backend, written for its tasks
+        "RESULT_EXPIRES": 86400,  # seconds, as Celery's result_expires
+        "UNROUTABLE_QUEUE": "celery-unroutable",  # messages that cannot run are kept here
+        "PREFETCH": 100,  # unacknowledged messages the bridge holds at once
+    },
 }
 
 BACKENDS = ("redis", "database", "memory")
@@ -68,7 +78,7 @@ OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 def jobq_settings() -> dict[str, Any]:
     user = getattr(settings, "JOBQ", {}) or {}
     merged = {**DEFAULTS, **user}
-    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR"):
+    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY"):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
     if merged["BACKEND"] is None:
         redis_given = merged["REDIS_URL"] or merged["REDIS_CACHE_ALIAS"]
@@ -153,9 +163,50 @@ def check_settings() -> list[str]:
     mirror_alias = conf["MIRROR"]["DATABASE_ALIAS"]
     if mirror_alias not in settings.DATABASES:
         problems.append(f"JOBQ['MIRROR']['DATABASE_ALIAS'] {mirror_alias!r} is not in DATABASES")
+    problems += _check_celery(conf["CELERY"])
     size = conf["MAX_PAYLOAD_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"JOBQ['MAX_PAYLOAD_BYTES'] must be a positive integer, got {size!r}")
+    return problems
+
+
+def _check_celery(celery: dict[str, Any]) -> list[str]:
+    problems = []
+    unknown = set(celery) - set(DEFAULTS["CELERY"])
+    if unknown:
+        problems.append(f"unknown JOBQ['CELERY'] key(s) {sorted(unknown)}")
+    for key in ("BROKER_URL", "RESULT_BACKEND"):
+        url = celery.get(key)
+        if url is not None and (not isinstance(url, str) or "://" not in url):
+            problems.append(f"JOBQ['CELERY']['{key}'] {url!r} is not a URL")
+    backend = celery.get("RESULT_BACKEND")
+    if isinstance(backend, str) and not backend.startswith(("redis://", "rediss://", "unix://")):
+        problems.append(
+            f"JOBQ['CELERY']['RESULT_BACKEND'] {backend!r}: only Celery's Redis result backend "
+            "format is written (redis://, rediss://, unix://)"
+        )
+    queues = celery.get("CONSUME_QUEUES")
+    if not isinstance(queues, list | tuple) or not all(isinstance(q, str) and q for q in queues):
+        problems.append("JOBQ['CELERY']['CONSUME_QUEUES'] must be a list of queue names")
+    elif queues and not celery.get("BROKER_URL"):
+        problems.append("JOBQ['CELERY']['CONSUME_QUEUES'] is set but BROKER_URL is not")
+    routes = celery.get("ROUTES")
+    if not isinstance(routes, dict):
+        problems.append("JOBQ['CELERY']['ROUTES'] must be a dict of task name -> queue")
+    else:
+        for task, queue in routes.items():
+            try:
+                validate_queue_name(queue)
+            except JobQError as exc:
+                problems.append(f"JOBQ['CELERY']['ROUTES'][{task!r}]: {exc}")
+    for key in ("RESULT_EXPIRES", "PREFETCH"):
+        value = celery.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"JOBQ['CELERY']['{key}'] must be a positive integer, got {value!r}")
+    try:
+        validate_queue_name(celery.get("UNROUTABLE_QUEUE"))
+    except JobQError as exc:
+        problems.append(f"JOBQ['CELERY']['UNROUTABLE_QUEUE']: {exc}")
     return problems
 
 

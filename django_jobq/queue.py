@@ -263,6 +263,23 @@ class Queue:
     def counts(self) -> dict[JobState, int]:
         return self.storage.counts(self.name)
 
+    def publish_celery(
+        self,
+        task_name: str,
+        args: list[Any] | tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> str:
+        """Send this work to a Celery worker instead of running it here: a Celery protocol 2
+        message (JSON) for ``task_name`` on the Celery queue ``options["queue"]`` (default
+        "celery"); returns the task id. The way to move a queue back, or to hand work to
+        Celery-only code during a migration. Options: see ``celery_compat.publish``; this
+        queue's payload size limit applies."""
+        from .celery_compat import publish
+
+        options.setdefault("max_payload_bytes", self.max_payload_bytes)
+        return publish(task_name, args, kwargs, **options)
+
     # -- helpers ----------------------------------------------------------------------------
 
     def serde_loads(self, data: bytes | None) -> Any:

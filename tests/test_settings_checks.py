@@ -27,6 +27,12 @@ from django_jobq.storage.redis.storage import RedisStorage
         ({"MAX_PAYLOAD_BYTES": -1}, "MAX_PAYLOAD_BYTES"),
         ({"REDIS_ULR": "redis://x"}, "unknown JOBQ key"),
         ({"BACKEND": "database", "DATABASE_ALIAS": "nope"}, "DATABASE_ALIAS"),
+        ({"CELERY": {"RESULT_BACKEND": "db+sqlite:///r.db"}}, "Redis result backend"),
+        ({"CELERY": {"BROKER_URL": "localhost"}}, "BROKER_URL"),
+        ({"CELERY": {"CONSUME_QUEUES": ["celery"]}}, "BROKER_URL is not"),
+        ({"CELERY": {"ROUTES": {"proj.add": "bad queue"}}}, "ROUTES"),
+        ({"CELERY": {"PREFETCH": 0}}, "PREFETCH"),
+        ({"CELERY": {"RESULT_EXPRIES": 5}}, "unknown JOBQ['CELERY'] key"),
     ],
 )
 @pytest.mark.django_db  # model checks (JSONField support) ask the database for its features

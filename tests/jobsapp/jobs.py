@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 from django_jobq import PermanentError, handler
+from django_jobq.celery_compat import celery_task
 
 
 @handler("tests-echo")
@@ -28,3 +29,25 @@ def fail(job):
     if job.payload.get("permanent"):
         raise PermanentError("no point retrying")
     raise ValueError(f"boom on attempt {job.attempt}")
+
+
+# -- Celery tasks run by django_jobq (tests/test_celery_interop.py) ---------------------------
+
+
+@celery_task("tests.celery.add")
+def celery_add(x, y):
+    return x + y
+
+
+@celery_task("tests.celery.explode", max_retries=0)
+def celery_explode(message):
+    raise ValueError(message)
+
+
+@celery_task("tests.celery.record", max_retries=5)
+def celery_record(ledger, n, seconds=0.0):
+    """Appends n to the ledger file once per run (duplicates show as repeated lines)."""
+    time.sleep(seconds)
+    with Path(ledger).open("a") as fh:
+        fh.write(f"{n}\n")
+    return n

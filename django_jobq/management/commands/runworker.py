@@ -2,6 +2,8 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ...celery_compat import celery_settings
+from ...celery_compat.bridge import KombuBridge, bridge_thread
 from ...errors import JobQError
 from ...logutil import configure
 from ...registry import registry
@@ -20,6 +22,19 @@ class Command(BaseCommand):
         parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
         parser.add_argument(
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
+        )
+        parser.add_argument(
+            "--from-kombu",
+            metavar="BROKER_URL",
+            help="also bridge Celery task messages from this kombu broker into django_jobq "
+            "(default: JOBQ['CELERY']['BROKER_URL'] when CONSUME_QUEUES is set)",
+        )
+        parser.add_argument(
+            "--celery-queue",
+            action="append",
+            metavar="NAME",
+            help="Celery queue the bridge consumes (repeatable; default: CONSUME_QUEUES or "
+            "'celery')",
         )
 
     def handle(self, *args, **options):
@@ -41,10 +56,32 @@ class Command(BaseCommand):
         except JobQError as exc:
             raise CommandError(str(exc)) from exc
 
+        bridge = self._bridge(options, worker)
+
         def on_signal(signum, frame):
-            # First signal: graceful (finish in-flight within grace). Second: hurry.
+            # First signal: graceful (finish in-flight within grace). Second: hurry. The bridge
+            # stops taking messages at once; what it prefetched and did not store goes back to
+            # the broker unacknowledged when its connection closes.
+            if bridge is not None:
+                bridge.stop()
             worker.stop(hurry=worker.stopping)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        worker.run()
+        thread = bridge_thread(bridge) if bridge is not None else None
+        try:
+            worker.run()
+        finally:
+            if bridge is not None and thread is not None:
+                bridge.stop()
+                thread.join(10)
+
+    def _bridge(self, options, worker: Worker) -> KombuBridge | None:
+        conf = celery_settings()
+        url = options["from_kombu"] or (conf["BROKER_URL"] if conf["CONSUME_QUEUES"] else None)
+        if not url:
+            if options["celery_queue"]:
+                raise CommandError("--celery-queue needs --from-kombu (or CELERY BROKER_URL)")
+            return None
+        queues = options["celery_queue"] or conf["CONSUME_QUEUES"] or ["celery"]
+        return KombuBridge(url, queues, storage=worker.storage)
