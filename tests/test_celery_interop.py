@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -327,13 +328,14 @@ def test_the_bridge_acknowledges_only_after_the_job_is_stored(storage, monkeypat
 def celery_worker(tmp_path):
     procs: list[subprocess.Popen] = []
 
-    def start(queue: str) -> subprocess.Popen:
+    def start(queue: str, broker: str = AMQP) -> subprocess.Popen:
         log = (tmp_path / f"celery-{len(procs)}.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "solo",
              "-Q", queue, "--without-heartbeat", "--without-gossip", "--without-mingle",
              "-l", "info", "-n", f"{queue}@%h"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "JOBQ_TEST_CELERY_BROKER": broker},
         )  # fmt: skip
         proc.log_path = log.name  # type: ignore[attr-defined]
         procs.append(proc)
@@ -350,15 +352,16 @@ def celery_worker(tmp_path):
             proc.wait(10)
 
 
-def test_published_jobs_run_on_a_real_celery_worker(celery_queue, celery_worker):
-    app = make_app()
+@pytest.mark.parametrize("broker", [AMQP, REDIS_TRANSPORT], ids=["rabbitmq", "redis-transport"])
+def test_published_jobs_run_on_a_real_celery_worker(broker, celery_queue, celery_worker):
+    app = make_app(broker)
     # Published before the worker exists: the queue is declared as Celery declares it.
-    first = publish("tests.celery_side.mul", (6, 7), queue=celery_queue, broker_url=AMQP)
+    first = publish("tests.celery_side.mul", (6, 7), queue=celery_queue, broker_url=broker)
     named = Queue("tests-echo").publish_celery(
         "tests.celery_side.greet", ["jobq"], {"punctuation": "?"}, queue=celery_queue,
-        broker_url=AMQP,
+        broker_url=broker,
     )  # fmt: skip
-    proc = celery_worker(celery_queue)
+    proc = celery_worker(celery_queue, broker)
     try:
         assert app.AsyncResult(first).get(timeout=60) == 42
         assert app.AsyncResult(named).get(timeout=20) == "hello jobq?"
