@@ -426,3 +426,11 @@ def test_runworker_refuses_a_celery_queue_without_a_broker():
 
     with pytest.raises(CommandError, match="--from-kombu"):
         call_command("runworker", "tests.celery.add", "--celery-queue", "celery")
+
+
+def test_celery_task_names_that_are_not_queue_names_need_an_explicit_queue():
+    from django_jobq.celery_compat import celery_task
+    from django_jobq.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="pass queue="):
+        celery_task("proj:tasks/odd name")

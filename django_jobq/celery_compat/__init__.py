@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import jobq_settings, queue_defaults
-from ..errors import ConfigurationError, PermanentError, ValidationError
+from ..errors import ConfigurationError, InvalidQueueName, PermanentError, ValidationError
 from ..job import Job
 from ..registry import registry
-from ..validation import _QUEUE_RE
+from ..validation import validate_queue_name
 from .protocol import CeleryTask, MalformedMessage, build, job_id_for, parse
 from .results import CeleryResultWriter
 
@@ -91,10 +91,10 @@ def celery_task(
     ``PermanentError`` to fail without retries, ``Retry(retry_in=…)`` to choose the delay.
     """
     target = queue or name
-    if not _QUEUE_RE.fullmatch(target):
-        raise ConfigurationError(
-            f"Celery task name {name!r} is not a valid queue name: pass queue='…' to @celery_task"
-        )
+    try:
+        validate_queue_name(target)
+    except InvalidQueueName as exc:
+        raise ConfigurationError(f"{exc}: pass queue='…' to @celery_task({name!r})") from exc
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
@@ -119,7 +119,6 @@ def celery_task(
 
         registry.register(target, run)
         _tasks[name] = (target, max_retries)
-        run.celery_name = name  # type: ignore[attr-defined]
         return run
 
     return decorator

@@ -17,8 +17,8 @@ from typing import Any
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
-from ..errors import JobQError, ValidationError
-from ..validation import _JOB_ID_RE
+from ..errors import InvalidJobId, JobQError, ValidationError
+from ..validation import validate_job_id
 
 JSON_TYPES = ("application/json",)
 
@@ -60,9 +60,10 @@ class CeleryTask:
 def job_id_for(task_id: str) -> str:
     """Celery's id when it fits our id charset (uuid4 ids always do), else a stable digest of
     it, so a redelivered message still deduplicates."""
-    if _JOB_ID_RE.fullmatch(task_id):
-        return task_id
-    return "celery-" + hashlib.sha256(task_id.encode()).hexdigest()[:40]
+    try:
+        return validate_job_id(task_id)
+    except InvalidJobId:
+        return "celery-" + hashlib.sha256(task_id.encode()).hexdigest()[:40]
 
 
 def _when(value: Any, field_name: str) -> dt.datetime | None:
@@ -134,7 +135,6 @@ def build(
     eta: dt.datetime | None = None,
     expires: dt.datetime | None = None,
     retries: int = 0,
-    ignore_result: bool = False,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(JSON body, headers, properties) of a protocol 2 message a Celery worker runs as if
     ``app.send_task`` had sent it."""
@@ -163,7 +163,7 @@ def build(
         "argsrepr": repr(tuple(args))[:1024],
         "kwargsrepr": repr(kwargs)[:1024],
         "origin": f"django_jobq@{socket.gethostname()}:{os.getpid()}",
-        "ignore_result": ignore_result,
+        "ignore_result": False,
     }
     properties = {"correlation_id": task_id, "reply_to": ""}
     return body, headers, properties

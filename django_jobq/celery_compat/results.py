@@ -18,18 +18,20 @@ from typing import Any
 
 from kombu.utils.json import dumps as kombu_dumps
 
+from ..storage.redis.connection import client_from_url
+
 KEY_PREFIX = "celery-task-meta-"
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
 def _client(url: str) -> Any:
+    """One client (and pool) per result-backend URL, with the retry and timeout policy of our
+    own Redis connections."""
     with _lock:
         client = _clients.get(url)
         if client is None:
-            import redis
-
-            client = _clients[url] = redis.Redis.from_url(url)
+            client = _clients[url] = client_from_url(url)
         return client
 
 
