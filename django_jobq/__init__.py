@@ -8,17 +8,29 @@ from .errors import (
     JobQError,
     PayloadTooLarge,
     PermanentError,
+    QueueBusy,
+    RateLimited,
     Retry,
     Timeout,
     ValidationError,
 )
-from .job import CancelOutcome, EnqueueOutcome, EnqueueResult, Job, JobResult, JobStatus
+from .job import (
+    CancelOutcome,
+    ChangeOutcome,
+    EnqueueOutcome,
+    EnqueueResult,
+    Job,
+    JobResult,
+    JobStatus,
+    QueueLimits,
+)
 from .states import JobState
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CancelOutcome",
+    "ChangeOutcome",
     "EnqueueOutcome",
     "EnqueueResult",
     "InvalidJobId",
@@ -33,6 +45,9 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "Queue",
+    "QueueBusy",
+    "QueueLimits",
+    "RateLimited",
     "Retry",
     "Timeout",
     "ValidationError",

@@ -51,7 +51,8 @@ DEFAULTS: dict[str, Any] = {
         "max_stalls": 1,
         "priority": 0,
     },
-    "QUEUES": {},  # {"emails": {"max_attempts": 5, ...}}
+    # {"emails": {"max_attempts": 5, ..., "limits": {"rate_max": 10, "rate_window": 1000}}}
+    "QUEUES": {},
     "WORKER": {
         "concurrency": 8,
         "lease": 30_000,  # ms a claim is valid without a heartbeat
@@ -112,8 +113,37 @@ def validate_options(options: dict[str, Any], where: str) -> JobOptions:
 
 def queue_defaults(queue: str) -> JobOptions:
     conf = jobq_settings()
-    overrides = conf["QUEUES"].get(queue, {})
+    overrides = {k: v for k, v in conf["QUEUES"].get(queue, {}).items() if k != "limits"}
     return validate_options({**conf["JOB_DEFAULTS"], **overrides}, f"JOBQ['QUEUES'][{queue!r}]")
+
+
+LIMIT_NAMES = ("rate_max", "rate_window", "group_rate_max", "group_rate_window", "concurrency")
+
+
+def configured_limits(queue: str) -> dict[str, int] | None:
+    """The flow-control limits JOBQ['QUEUES'][queue]['limits'] sets, or None when unset.
+    Workers apply them when they start, so settings stay the source of truth."""
+    limits = jobq_settings()["QUEUES"].get(queue, {}).get("limits")
+    if limits is None:
+        return None
+    where = f"JOBQ['QUEUES'][{queue!r}]['limits']"
+    if not isinstance(limits, dict):
+        raise ConfigurationError(f"{where} must be a dict")
+    unknown = set(limits) - set(LIMIT_NAMES)
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown limit(s) {sorted(unknown)}")
+    try:
+        for name, value in limits.items():
+            if name.endswith("window"):
+                validate_positive_ms(name, value)
+            else:
+                validate_positive_int(name, value)
+    except JobQError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from exc
+    for count, window in (("rate_max", "rate_window"), ("group_rate_max", "group_rate_window")):
+        if (count in limits) != (window in limits):
+            raise ConfigurationError(f"{where}: {count} and {window} go together")
+    return dict(limits)
 
 
 def check_settings() -> list[str]:
@@ -151,6 +181,7 @@ def check_settings() -> list[str]:
         for name in conf["QUEUES"]:
             validate_queue_name(name)
             queue_defaults(name)
+            configured_limits(name)
     except JobQError as exc:
         problems.append(str(exc))
     if conf["SERDE"] not in ("json", "msgpack"):

@@ -90,3 +90,22 @@ class Retry(Exception):
         super().__init__(message)
         self.retry_in = retry_in
         self.retry_at = retry_at
+
+
+class QueueBusy(JobQError):
+    """``obliterate`` of a queue that still has active jobs (pass ``force=True`` to go on)."""
+
+
+class RateLimited(Exception):  # noqa: N818 - a signal from a handler, named for what it says
+    """Raised by a handler: "the service I call is rate limited, run me again in ``retry_in``
+    seconds". The job goes back to scheduled without using an attempt. With ``queue_wide``
+    the whole queue stops claiming until then (every job calls the same limited service)."""
+
+    def __init__(
+        self, retry_in: float, message: str = "rate limited", *, queue_wide: bool = False
+    ) -> None:
+        super().__init__(message)
+        if isinstance(retry_in, bool) or not isinstance(retry_in, int | float) or retry_in < 0:
+            raise ValueError(f"retry_in must be a number of seconds >= 0, got {retry_in!r}")
+        self.retry_in = retry_in
+        self.queue_wide = queue_wide

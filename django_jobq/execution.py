@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from .errors import PermanentError, SerializationError
+from .errors import PermanentError, RateLimited, SerializationError
 from .job import ClaimedJob, Job
 from .queue import serde_for
 from .registry import HandlerRegistry
@@ -109,6 +109,12 @@ def execute(
     except PermanentError as exc:
         logger.warning("%s failed permanently: %s", label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
+    except RateLimited as exc:
+        # Not a failure of the job: it goes back to waiting and keeps its attempt.
+        wait_ms = max(0, int(exc.retry_in * 1000))
+        logger.info("%s rate limited, runs again in %d ms", label, wait_ms)
+        return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait_ms,
+                   queue_wide=exc.queue_wide)  # fmt: skip
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
         delay = requested_retry_ms(exc)
         if delay is None:

@@ -23,9 +23,10 @@ def ms_to_datetime(ms: int | None) -> dt.datetime | None:
 
 
 class EnqueueOutcome(enum.StrEnum):
-    QUEUED = "queued"  # a new job was stored (state queued, or scheduled when run_at is later)
-    DUPLICATE = "duplicate"  # the id exists and has not completed: nothing was written
+    QUEUED = "queued"  # a new job was stored (queued; scheduled when due later; blocked)
+    DUPLICATE = "duplicate"  # the id (or dedup key) is taken and has not completed: no write
     COMPLETED = "completed"  # the id exists and completed: its cached result is returned
+    UPDATED = "updated"  # a waiting job with this id (or dedup key) was updated in place
 
 
 class CancelOutcome(enum.StrEnum):
@@ -36,6 +37,30 @@ class CancelOutcome(enum.StrEnum):
     FAILED = "failed"
 
 
+class ChangeOutcome(enum.StrEnum):
+    """What change_run_at / change_priority / promote did."""
+
+    CHANGED = "changed"  # the waiting job now has the new due time / priority
+    NOT_FOUND = "not_found"
+    ACTIVE = "active"  # running (and no blocked successor): nothing to change
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class DedupMode(enum.StrEnum):
+    SIMPLE = "simple"  # key held until the holder finishes (or ttl, when given, passes)
+    THROTTLE = "throttle"  # key held for ttl whatever the holder does: repeats are dropped
+    DEBOUNCE = "debounce"  # the last enqueue within ttl wins: it replaces the waiting holder
+
+
+class RunAtUpdate(enum.StrEnum):
+    NO = "no"
+    YES = "yes"
+    IF_LATER = "if_later"
+    IF_EARLIER = "if_earlier"
+
+
 class AckOutcome(enum.StrEnum):
     """What a worker's complete / fail / release call did."""
 
@@ -43,6 +68,7 @@ class AckOutcome(enum.StrEnum):
     FAILED = "failed"
     RETRYING = "retrying"
     RELEASED = "released"
+    POSTPONED = "postponed"  # rate limited by the handler: back to scheduled, no attempt used
     LEASE_LOST = "lease_lost"  # the lease was reclaimed (or the job vanished): nothing written
 
 
@@ -58,6 +84,34 @@ class JobOptions:
     priority: int = 0  # lower runs first; FIFO within a priority
 
 
+@dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """What an enqueue may change in a *waiting* job that has the same id (or, in debounce
+    mode, the same dedup key). An active job is never touched; see ``NewJob.singleton``."""
+
+    data: bool = False  # replace payload and content type
+    run_at: RunAtUpdate = RunAtUpdate.NO  # move the due time to this enqueue's due time
+    max_attempts: bool = False
+    backoff: bool = False  # min_backoff and max_backoff
+    reset_counts: bool = False  # attempts and stalls back to 0
+
+    @property
+    def any(self) -> bool:
+        return bool(
+            self.data or self.run_at is not RunAtUpdate.NO or self.max_attempts
+            or self.backoff or self.reset_counts
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Dedup:
+    """Deduplication by a key other than the id (validated like a job id)."""
+
+    key: str
+    mode: DedupMode = DedupMode.SIMPLE
+    ttl: int | None = None  # ms; required for throttle and debounce
+
+
 @dataclass(slots=True)  # not frozen: a frozen init costs ~1 us a job in bulk enqueues
 class NewJob:
     """One job as storage receives it: validated, serialised, options resolved."""
@@ -69,6 +123,11 @@ class NewJob:
     delay: int = 0  # ms from now by the storage's clock (so a producer's clock skew is moot)
     content_type: str = "json"
     waiter: bool = False  # the caller will wait for the outcome (enqueue_and_wait)
+    lifo: bool = False  # runs before every FIFO job of its priority (newest LIFO job first)
+    group: str | None = None  # rate-limit group (e.g. a customer id), validated like an id
+    singleton: bool = False  # id active: store this as its blocked successor (see base.py)
+    update: JobUpdate | None = None  # id waiting: what to change in it
+    dedup: Dedup | None = None
 
 
 @dataclass(slots=True)  # internal and hot, like NewJob
@@ -118,6 +177,28 @@ class JobRecord:
     result: bytes | None
     error: bytes | None
     expires_at: int | None = None
+    lifo: bool = False
+    group: str | None = None
+    dedup_key: str | None = None
+    min_backoff: int = 0
+    max_backoff: int = 0
+    has_successor: bool = False  # a blocked singleton successor waits for this job to finish
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Flow control of one queue, shared by every worker (stored in the backend).
+
+    ``rate_max`` jobs may *start* (be claimed) within any sliding window of ``rate_window``
+    ms; ``group_rate_max`` per group key within ``group_rate_window`` ms; at most
+    ``concurrency`` jobs of the queue are active at once across all workers. None: no limit.
+    Jobs over a limit wait (they are never failed and use no attempt)."""
+
+    rate_max: int | None = None
+    rate_window: int | None = None
+    group_rate_max: int | None = None
+    group_rate_window: int | None = None
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +263,10 @@ class JobStatus:
     finished_at: dt.datetime | None
     worker: str | None
     error: dict[str, Any] | None
+    lifo: bool = False
+    group: str | None = None
+    dedup_key: str | None = None
+    has_successor: bool = False  # a blocked singleton run waits for this one
 
 
 @dataclass(frozen=True, slots=True)

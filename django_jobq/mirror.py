@@ -60,6 +60,7 @@ KIND_STATE = {
     "retrying": JobState.RETRYING,
     "released": JobState.QUEUED,
     "stalled": JobState.QUEUED,
+    "postponed": JobState.SCHEDULED,
     "completed": JobState.COMPLETED,
     "failed": JobState.FAILED,
     "cancelled": JobState.CANCELLED,
@@ -232,6 +233,9 @@ class Mirror:
                     failures += 1
                     logger.warning("mirror batch failed (%s); retrying", exc)
                     self._queues_checked = 0.0
+                    # Re-create the groups too: an obliterated queue's stream (and group) is
+                    # gone, and reading it would fail every batch of every queue.
+                    self._queues = []
                     self._stop.wait(min(5.0, 0.1 * 2**failures))
         finally:
             connections.close_all()

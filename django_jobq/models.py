@@ -33,7 +33,10 @@ class JobQuerySet(models.QuerySet):
 
 class Job(models.Model):
     queue = models.CharField(max_length=64)
-    job_id = models.CharField(max_length=128)
+    # 128 for a job id, plus room for the database backend's reserved names "<id>~next" (a
+    # blocked singleton successor) and "<id>~<pk>" (a finished run its successor replaced):
+    # valid ids never contain "~", so these never clash with a real id.
+    job_id = models.CharField(max_length=160)
     handler = models.CharField(max_length=200, blank=True, default="")
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     # Exact bytes as enqueued (JSON or msgpack, see content_type): the worker decodes them.
@@ -58,6 +61,18 @@ class Job(models.Model):
     token = models.PositiveBigIntegerField(default=0)  # fencing token of the current claim
     lease_deadline = models.DateTimeField(null=True, blank=True)
     waiters = models.PositiveIntegerField(default=0)
+    # Scheduling (issue 4). Database defaults too, because the Redis mirror inserts rows with
+    # raw SQL that names only the columns it knows.
+    lifo = models.BooleanField(default=False, db_default=False)
+    group = models.CharField(
+        max_length=128, blank=True, default="", db_default="", db_column="job_group"
+    )  # rate-limit group ("" for none); "group" is an SQL keyword, hence the column name
+    dedup_key = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # Claim order within a priority, fixed at enqueue: 0 for FIFO jobs (then by id, i.e.
+    # enqueue order), -id for LIFO jobs, so every LIFO job comes first, newest first.
+    order_key = models.BigIntegerField(default=0, db_default=0)
+    # A blocked singleton successor waits under "<job_id>~next" (database backend).
+    has_successor = models.BooleanField(default=False, db_default=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -68,8 +83,11 @@ class Job(models.Model):
         indexes = [
             # admin/API lists: per queue and state, newest first
             models.Index(fields=["queue", "state", "created_at"], name="jobq_job_q_state_created"),
-            # claim order: lowest priority, then FIFO (id), among queued jobs of a queue
-            models.Index(fields=["queue", "state", "priority", "id"], name="jobq_job_claim"),
+            # claim order among queued jobs of a queue: lowest priority, then LIFO jobs newest
+            # first, then FIFO (id)
+            models.Index(
+                fields=["queue", "state", "priority", "order_key", "id"], name="jobq_job_order"
+            ),
             # promotion of due scheduled / retrying jobs
             models.Index(fields=["queue", "state", "run_at"], name="jobq_job_due"),
             # reaping of expired leases
@@ -141,9 +159,97 @@ class QueueConfig(models.Model):
     paused = models.BooleanField(default=False)
     defaults = models.JSONField(default=dict, blank=True)  # job option overrides
     created_at = models.DateTimeField(auto_now_add=True)
+    # Flow control (``QueueLimits``; None: no limit), enforced by the database backend's claim.
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    rate_max = models.PositiveIntegerField(null=True, blank=True)
+    rate_window = models.PositiveIntegerField(null=True, blank=True)  # ms
+    group_rate_max = models.PositiveIntegerField(null=True, blank=True)
+    group_rate_window = models.PositiveIntegerField(null=True, blank=True)  # ms
+    # A handler said the upstream service is limited for the whole queue: no claims until then.
+    postponed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "queue"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DedupKey(models.Model):
+    """A deduplication key of one queue and the job that holds it (database backend).
+
+    The row is also the lock that serialises concurrent enqueues of one key. ``job`` None or
+    deleted (cascade): the key is free."""
+
+    queue = models.CharField(max_length=64)
+    key = models.CharField(max_length=128, db_column="dedup_key")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    mode = models.CharField(max_length=16, default="simple")
+    held_until = models.DateTimeField(null=True, blank=True)  # None: until the holder finishes
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "key"], name="jobq_dedup_queue_key_uniq")
+        ]
+        verbose_name = "deduplication key"
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.key}"
+
+
+class ClaimLog(models.Model):
+    """When jobs of a rate-limited queue started: the sliding windows of ``QueueLimits`` count
+    these (database backend). Written only while the queue has a rate limit; pruned by claims."""
+
+    queue = models.CharField(max_length=64)
+    group = models.CharField(max_length=128, blank=True, default="", db_column="job_group")
+    at = models.BigIntegerField()  # epoch ms by the storage clock
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["queue", "at"], name="jobq_claimlog_queue_at"),
+            models.Index(fields=["queue", "group", "at"], name="jobq_claimlog_group_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.group} at {self.at}"
+
+
+class Schedule(models.Model):
+    """A periodic job: the reaper enqueues it on every tick of ``cron`` or ``interval``.
+
+    Each tick is enqueued under the id ``schedule.<name>.<tick epoch seconds>``, so several
+    reapers firing the same tick store it once (see ``schedules.py``)."""
+
+    class Missed(models.TextChoices):
+        SKIP = "skip", "Skip missed ticks"
+        RUN_ONCE = "run_once", "Run once for all missed ticks"
+
+    name = models.CharField(max_length=100, unique=True)
+    queue = models.CharField(max_length=64, default="default")
+    cron = models.CharField(
+        max_length=120, blank=True, default="",
+        help_text="Five fields: minute hour day-of-month month day-of-week (or @hourly, …).",
+    )  # fmt: skip
+    interval = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds between runs (instead of cron)."
+    )
+    timezone = models.CharField(max_length=64, default="UTC")
+    payload = models.JSONField(default=dict, blank=True)
+    job_options = models.JSONField(
+        default=dict, blank=True, help_text='Job options, e.g. {"priority": 5}.'
+    )
+    enabled = models.BooleanField(default=True)
+    missed = models.CharField(max_length=16, choices=Missed.choices, default=Missed.SKIP)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.CharField(max_length=128, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["enabled", "next_run_at"], name="jobq_schedule_due")]
+        ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name

@@ -4,6 +4,7 @@ hands storage one atomic operation per call."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -13,21 +14,27 @@ from typing import Any
 from django.db import transaction
 
 from .conf import OPTION_NAMES, get_storage, jobq_settings, queue_defaults
-from .errors import InvalidOption, JobFailed, PayloadTooLarge, Timeout
+from .errors import InvalidJobId, InvalidOption, JobFailed, PayloadTooLarge, Timeout
 from .job import (
     CancelOutcome,
+    ChangeOutcome,
+    Dedup,
+    DedupMode,
     EnqueueOutcome,
     EnqueueResult,
     JobOptions,
     JobResult,
     JobStatus,
+    JobUpdate,
     NewJob,
+    QueueLimits,
+    RunAtUpdate,
     StoredEnqueue,
     decode_error,
     ms_to_datetime,
 )
 from .serde import Serde, get_serde
-from .states import JobState
+from .states import TERMINAL_STATES, JobState
 from .storage.base import Storage
 from .validation import (
     validate_job_id,
@@ -37,6 +44,7 @@ from .validation import (
     validate_queue_name,
 )
 
+logger = logging.getLogger("django_jobq.queue")
 _SERDE_CACHE: dict[str, Serde] = {}
 
 
@@ -49,10 +57,83 @@ def serde_for(content_type: str) -> Serde:
     return serde
 
 
-def _duration_ms(name: str, value: int | dt.timedelta) -> int:
+def _duration_ms(name: str, value: int | dt.timedelta, *, allow_zero: bool = True) -> int:
     if isinstance(value, dt.timedelta):
         value = int(value.total_seconds() * 1000)
-    return validate_positive_ms(name, value, allow_zero=True)
+    return validate_positive_ms(name, value, allow_zero=allow_zero)
+
+
+def _epoch_ms(name: str, value: dt.datetime) -> int:
+    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+        raise InvalidOption(f"{name} must be a timezone-aware datetime")
+    return int(value.timestamp() * 1000)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidOption(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+_RUN_AT_MODES = {False: RunAtUpdate.NO, True: RunAtUpdate.YES, "if_later": RunAtUpdate.IF_LATER,
+                 "if_earlier": RunAtUpdate.IF_EARLIER}  # fmt: skip
+
+
+def _job_update(
+    update_data: bool = False,
+    update_run_at: bool | str = False,
+    update_max_attempts: bool = False,
+    update_backoff: bool = False,
+    reset_counts: bool = False,
+) -> JobUpdate | None:
+    mode = _RUN_AT_MODES.get(update_run_at) if isinstance(update_run_at, bool | str) else None
+    if mode is None:
+        raise InvalidOption(
+            f"update_run_at must be True, False, 'if_later' or 'if_earlier', got {update_run_at!r}"
+        )
+    update = JobUpdate(
+        data=_flag("update_data", update_data),
+        run_at=mode,
+        max_attempts=_flag("update_max_attempts", update_max_attempts),
+        backoff=_flag("update_backoff", update_backoff),
+        reset_counts=_flag("reset_counts", reset_counts),
+    )
+    return update if update.any else None
+
+
+def _dedup(key: str | None, mode: str | None, ttl: int | dt.timedelta | None) -> Dedup | None:
+    if key is None:
+        if mode is not None or ttl is not None:
+            raise InvalidOption("dedup_mode and dedup_ttl need a dedup_key")
+        return None
+    _key_like_id("dedup_key", key)
+    try:
+        dedup_mode = DedupMode(mode or "simple")
+    except ValueError:
+        raise InvalidOption(
+            f"dedup_mode must be 'simple', 'throttle' or 'debounce', got {mode!r}"
+        ) from None
+    ttl_ms = None if ttl is None else _duration_ms("dedup_ttl", ttl, allow_zero=False)
+    if ttl_ms is None and dedup_mode is not DedupMode.SIMPLE:
+        raise InvalidOption(f"dedup_mode {dedup_mode.value!r} needs a dedup_ttl")
+    return Dedup(key, dedup_mode, ttl_ms)
+
+
+def _key_like_id(name: str, value: object) -> None:
+    """Group and dedup keys become parts of Redis keys: the job-id charset keeps them inside
+    the queue's hash tag."""
+    try:
+        validate_job_id(value)
+    except InvalidJobId as exc:
+        raise InvalidOption(f"{name}: {exc}".replace("job id", "key")) from None
+
+
+def _limit(name: str, value: object, *, ms: bool = False) -> int | None:
+    if value is None:
+        return None
+    if ms:
+        return validate_positive_ms(name, value)
+    return validate_positive_int(name, value)
 
 
 class Queue:
@@ -95,6 +176,17 @@ class Queue:
         delay: int | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         waiter: bool = False,
+        lifo: bool = False,
+        group: str | None = None,
+        singleton: bool = False,
+        update_data: bool = False,
+        update_run_at: bool | str = False,
+        update_max_attempts: bool = False,
+        update_backoff: bool = False,
+        reset_counts: bool = False,
+        dedup_key: str | None = None,
+        dedup_mode: str | None = None,
+        dedup_ttl: int | dt.timedelta | None = None,
         **options: Any,
     ) -> NewJob:
         """Validate and serialise one job without storing it (what every enqueue path uses)."""
@@ -108,13 +200,20 @@ class Queue:
         body = self.serde.dumps(payload)
         if len(body) > self.max_payload_bytes:
             raise PayloadTooLarge(len(body), self.max_payload_bytes)
-        run_at_ms = None
-        if run_at is not None:
-            if not isinstance(run_at, dt.datetime) or run_at.tzinfo is None:
-                raise InvalidOption("run_at must be a timezone-aware datetime")
-            run_at_ms = int(run_at.timestamp() * 1000)
+        run_at_ms = None if run_at is None else _epoch_ms("run_at", run_at)
         delay_ms = 0 if delay is None else _duration_ms("delay", delay)
-        return NewJob(job_id, body, resolved, run_at_ms, delay_ms, self.serde.name, waiter)
+        if group is not None:
+            _key_like_id("group", group)
+        return NewJob(
+            job_id, body, resolved, run_at_ms, delay_ms, self.serde.name, waiter,
+            lifo=_flag("lifo", lifo),
+            group=group,
+            singleton=_flag("singleton", singleton),
+            update=_job_update(
+                update_data, update_run_at, update_max_attempts, update_backoff, reset_counts
+            ),
+            dedup=_dedup(dedup_key, dedup_mode, dedup_ttl),
+        )  # fmt: skip
 
     def _resolve_options(self, options: dict[str, Any]) -> JobOptions:
         if not options:
@@ -141,9 +240,20 @@ class Queue:
         """Put a job on the queue unless its id is already known.
 
         Returns the outcome: ``queued`` (stored now), ``duplicate`` (the id exists: its state is
-        returned and nothing is written) or ``completed`` (the id completed: its cached result
-        is returned). Options: max_attempts, result_ttl (ms), min_backoff / max_backoff (ms),
-        max_stalls, priority, delay (ms or timedelta), run_at (aware datetime).
+        returned and nothing is written), ``completed`` (the id completed: its cached result
+        is returned) or ``updated`` (a waiting job with this id, or this dedup key, was
+        changed as asked). Options:
+
+        - per job: max_attempts, result_ttl (ms), min_backoff / max_backoff (ms), max_stalls,
+          priority (lower first), delay (ms or timedelta), run_at (aware datetime), lifo.
+        - group: rate-limit group key (see ``set_limits``).
+        - a waiting job with the same id: update_data, update_run_at (True, False,
+          "if_later", "if_earlier"), update_max_attempts, update_backoff, reset_counts.
+        - singleton: if the id is *running*, store this one as blocked; it runs when the
+          running one finishes (never two at once).
+        - dedup_key / dedup_mode ("simple", "throttle", "debounce") / dedup_ttl (ms).
+
+        See docs/scheduling.md for the exact rules.
         """
         job = self.build(job_id, payload, **options)
         self._register()
@@ -208,6 +318,10 @@ class Queue:
         """
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise InvalidOption(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if options.get("singleton"):
+            # A blocked successor has no outcome until an unrelated run finishes; a caller
+            # who waits wants the running job's result, which a plain enqueue_and_wait gives.
+            raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
         job = self.build(job_id, payload, waiter=True, **options)
         self._register()
         stored = self.storage.enqueue(self.name, job)
@@ -229,6 +343,128 @@ class Queue:
         ``completed``, ``failed``). A cancelled job never runs."""
         return self.storage.cancel(self.name, validate_job_id(job_id))
 
+    def change_run_at(
+        self,
+        job_id: str,
+        run_at: dt.datetime | None = None,
+        *,
+        delay: int | dt.timedelta | None = None,
+    ) -> ChangeOutcome:
+        """Move a waiting job's due time to ``run_at`` (aware datetime) or ``delay`` from now.
+        A time in the past makes it runnable now. Returns ``changed`` or why not."""
+        if (run_at is None) == (delay is None):
+            raise InvalidOption("give exactly one of run_at and delay")
+        if run_at is not None:
+            due = _epoch_ms("run_at", run_at)
+        else:
+            due = now_ms() + _duration_ms("delay", delay)  # type: ignore[arg-type]
+        return self.storage.change(self.name, validate_job_id(job_id), run_at=due)
+
+    def change_priority(self, job_id: str, priority: int) -> ChangeOutcome:
+        """Give a waiting job a new priority (lower runs first); it keeps its FIFO place."""
+        return self.storage.change(
+            self.name, validate_job_id(job_id), priority=validate_priority(priority)
+        )
+
+    def promote(self, job_id: str) -> ChangeOutcome:
+        """Run a scheduled or retrying job now instead of at its due time."""
+        return self.storage.change(self.name, validate_job_id(job_id), run_at=0)
+
+    # -- queue control ----------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Workers stop taking jobs from this queue; enqueues are still accepted."""
+        self._register()
+        self.storage.pause(self.name)
+
+    def resume(self) -> None:
+        self.storage.resume(self.name)
+
+    def is_paused(self) -> bool:
+        return self.storage.is_paused(self.name)
+
+    def set_limits(
+        self,
+        *,
+        rate_max: int | None = None,
+        rate_window: int | dt.timedelta | None = None,
+        group_rate_max: int | None = None,
+        group_rate_window: int | dt.timedelta | None = None,
+        concurrency: int | None = None,
+    ) -> QueueLimits:
+        """Replace this queue's flow-control limits, for every worker at once.
+
+        ``rate_max`` jobs may start within any ``rate_window`` (ms or timedelta);
+        ``group_rate_max`` per ``group`` key within ``group_rate_window``; ``concurrency``
+        caps the jobs running at once across all workers. Omitted: no limit. Excess jobs
+        wait; none fails."""
+        limits = QueueLimits(
+            rate_max=_limit("rate_max", rate_max),
+            rate_window=_limit("rate_window", _window(rate_window), ms=True),
+            group_rate_max=_limit("group_rate_max", group_rate_max),
+            group_rate_window=_limit("group_rate_window", _window(group_rate_window), ms=True),
+            concurrency=_limit("concurrency", concurrency),
+        )
+        for count, window in (("rate_max", "rate_window"),
+                              ("group_rate_max", "group_rate_window")):  # fmt: skip
+            if (getattr(limits, count) is None) != (getattr(limits, window) is None):
+                raise InvalidOption(f"{count} and {window} go together")
+        self._register()
+        self.storage.set_limits(self.name, limits)
+        return limits
+
+    def get_limits(self) -> QueueLimits:
+        return self.storage.get_limits(self.name)
+
+    def drain(self, *, delayed: bool = True) -> int:
+        """Cancel every waiting job (only the queued ones when ``delayed`` is False); running
+        jobs finish. Returns how many were cancelled."""
+        return self.storage.drain(self.name, delayed=_flag("delayed", delayed))
+
+    def clean(
+        self,
+        older_than: int | dt.timedelta,
+        *,
+        states: Iterable[JobState | str] = ("completed", "failed", "cancelled"),
+        limit: int = 10_000,
+    ) -> int:
+        """Delete finished jobs (of ``states``) that finished more than ``older_than`` (ms or
+        timedelta) ago; their ids may be used again. Returns how many were deleted."""
+        try:
+            chosen = [JobState(s) for s in states]
+        except ValueError as exc:
+            raise InvalidOption(f"states: {exc}") from None
+        if not chosen or any(s not in TERMINAL_STATES for s in chosen):
+            raise InvalidOption("clean only removes finished jobs: completed, failed, cancelled")
+        return self.storage.clean(
+            self.name, _duration_ms("older_than", older_than), chosen,
+            validate_positive_int("limit", limit),
+        )  # fmt: skip
+
+    def obliterate(self, *, force: bool = False) -> int:
+        """Delete the queue and everything in it. Refuses while jobs run unless ``force``
+        (their workers' verdicts are then refused). Returns how many jobs were deleted."""
+        removed = self.storage.obliterate(self.name, force=_flag("force", force))
+        self._registered = False
+        if hasattr(self.storage, "read_group"):  # a backend with a model mirror (Redis)
+            self._forget_mirror_rows()
+        return removed
+
+    def _forget_mirror_rows(self) -> None:
+        """The model mirror of a Redis queue is what the admin shows: an obliterated queue
+        must disappear there too, not linger until retention deletes it."""
+        conf = jobq_settings()["MIRROR"]
+        if not conf["ENABLED"]:
+            return
+        from django.db import DatabaseError
+
+        from .models import Job
+
+        try:
+            Job.objects.using(conf["DATABASE_ALIAS"]).filter(queue=self.name).delete()
+        except DatabaseError as exc:  # no mirror tables there: nothing to forget
+            logger.debug("mirror rows of %s not deleted: %s", self.name, exc)
+
     def get_status(self, job_id: str) -> JobStatus | None:
         record = self.storage.get_record(self.name, validate_job_id(job_id))
         if record is None:
@@ -247,6 +483,10 @@ class Queue:
             finished_at=ms_to_datetime(record.finished_at),
             worker=record.worker,
             error=decode_error(record.error),
+            lifo=record.lifo,
+            group=record.group,
+            dedup_key=record.dedup_key,
+            has_successor=record.has_successor,
         )
 
     def get_result(self, job_id: str) -> JobResult | None:
@@ -296,6 +536,12 @@ class Queue:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _window(value: int | dt.timedelta | None) -> int | None:
+    if isinstance(value, dt.timedelta):
+        return int(value.total_seconds() * 1000)
+    return value
 
 
 _queues: dict[str, Queue] = {}

@@ -18,7 +18,7 @@ class JobState(TextChoices):
     RETRYING = "retrying", "Retrying"
     # Cancelled before it ran; it never runs, and its id stays deduplicated until it expires.
     CANCELLED = "cancelled", "Cancelled"
-    # Singleton: same id already active; runnable once the active one finishes (scheduling issue).
+    # Singleton successor: its id is active; it takes over the id when that run finishes.
     BLOCKED = "blocked", "Blocked"
 
 
@@ -31,17 +31,25 @@ WAITING_STATES = frozenset(
 # checks that a job only ever moves along one of them.
 TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
     {
-        (JobState.SCHEDULED, JobState.QUEUED),  # due (promote)
+        (JobState.SCHEDULED, JobState.QUEUED),  # due (promote), or due time moved to now
+        (JobState.SCHEDULED, JobState.SCHEDULED),  # due time moved (change, update, debounce)
         (JobState.SCHEDULED, JobState.CANCELLED),
         (JobState.QUEUED, JobState.ACTIVE),  # claim
+        (JobState.QUEUED, JobState.SCHEDULED),  # due time moved later; group over its budget
         (JobState.QUEUED, JobState.CANCELLED),
         (JobState.ACTIVE, JobState.COMPLETED),  # complete (lease owner only)
         (JobState.ACTIVE, JobState.FAILED),  # permanent error / attempts or stalls exhausted
         (JobState.ACTIVE, JobState.RETRYING),  # failed attempt, backoff pending
         (JobState.ACTIVE, JobState.QUEUED),  # stalled lease reclaimed, or released on shutdown
-        (JobState.RETRYING, JobState.QUEUED),  # backoff due (promote)
+        # The handler postponed itself (rate limited); or, like ACTIVE -> QUEUED, a singleton
+        # successor took over the id of a run that finished, due later.
+        (JobState.ACTIVE, JobState.SCHEDULED),
+        (JobState.RETRYING, JobState.QUEUED),  # backoff due (promote), or moved to now
+        (JobState.RETRYING, JobState.RETRYING),  # due time moved (change, update)
         (JobState.RETRYING, JobState.CANCELLED),
+        # A singleton successor is released when the run of its id finishes, or cancelled.
         (JobState.BLOCKED, JobState.QUEUED),
+        (JobState.BLOCKED, JobState.SCHEDULED),
         (JobState.BLOCKED, JobState.CANCELLED),
     }
 )

@@ -23,10 +23,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .conf import get_storage, jobq_settings
+from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError
 from .execution import execute, make_job
-from .job import AckOutcome, ClaimedJob, Job
+from .job import AckOutcome, ClaimedJob, Job, QueueLimits
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
 from .validation import validate_job_id, validate_queue_name
@@ -75,7 +75,9 @@ class Worker:
         self.idle_timeout = idle_timeout
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
-        self.stats = {"completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0}
+        self.stats = {
+            "completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0, "postponed": 0,
+        }  # fmt: skip
         self._free = self.concurrency
         self._acker_busy = False  # the acker thread is sending a batch (see _handler_loop)
         self._cond = threading.Condition()
@@ -102,6 +104,7 @@ class Worker:
     def run(self) -> None:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
+        self._apply_configured_limits()
         self._start_threads()
         try:
             self._register()
@@ -117,6 +120,18 @@ class Worker:
         finally:
             self._shutdown()
             self.stopped.set()
+
+    def _apply_configured_limits(self) -> None:
+        """Limits in JOBQ['QUEUES'] are written to storage (shared by every worker) at start,
+        so a deploy that changes them takes effect without an operator step."""
+        for name in self.queues:
+            limits = configured_limits(name)
+            if limits is None:
+                continue
+            try:
+                self.storage.set_limits(name, QueueLimits(**limits))
+            except Exception as exc:  # storage blip: the limits stored earlier still hold
+                logger.warning("could not apply the limits of queue %s: %s", name, exc)
 
     def start(self) -> threading.Thread:
         """Run in a background thread (embedding, tests); returns once the worker is serving."""
@@ -282,6 +297,7 @@ class Worker:
             AckOutcome.FAILED: "failed",
             AckOutcome.RETRYING: "retried",
             AckOutcome.RELEASED: "released",
+            AckOutcome.POSTPONED: "postponed",
         }.get(outcome, "lost")
         self.stats[key] += 1
         if outcome is AckOutcome.LEASE_LOST:

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from ..job import (
     AckOutcome,
     CancelOutcome,
+    ChangeOutcome,
     ClaimedJob,
     Event,
     FinalOutcome,
     JobRecord,
     NewJob,
+    QueueLimits,
     StoredEnqueue,
 )
 from ..states import JobState
@@ -34,12 +36,13 @@ Clock = Callable[[], int]
 class Ack:
     """One worker verdict on a claimed job, for ``ack_many`` batches."""
 
-    kind: str  # "complete" | "fail" | "release"
+    kind: str  # "complete" | "fail" | "release" | "postpone"
     job_id: str
     token: int
     body: bytes = b""  # result (complete) or JSON error (fail)
-    retry_in: int | None = None  # fail only: ms from now (storage clock) to the next attempt
+    retry_in: int | None = None  # fail / postpone: ms from now (storage clock) to the next run
     permanent: bool = False  # fail only: no further attempts
+    queue_wide: bool = False  # postpone only: the whole queue waits too
 
 
 @dataclass(slots=True)
@@ -83,11 +86,50 @@ class Storage(abc.ABC):
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
         """Store a job unless its id exists, in one atomic step.
 
-        New id: store the record, index it as queued (or scheduled when ``run_at`` is in the
-        future), append a ``queued``/``scheduled`` event and wake one blocked worker.
-        Existing id: write nothing and return ``DUPLICATE`` with its state, or ``COMPLETED``
-        with its cached result. With ``job.waiter`` the caller is registered (atomically, in the
-        same step) to be told the job's final outcome through ``wait_for_outcome``.
+        New id: store the record, index it as queued (or scheduled when due later), append a
+        ``queued``/``scheduled`` event and wake one blocked worker. The due time is the later
+        of ``run_at`` and ``now + delay`` (and ``now + dedup.ttl`` in debounce mode).
+        Ordering among queued jobs: lower ``priority`` first; within a priority every
+        ``lifo`` job comes before every FIFO job, newest LIFO first, then FIFO by enqueue
+        order. A job moved back to queued (promoted, released, stalled, reprioritised)
+        keeps its place: its order key is fixed at enqueue.
+
+        Existing id, in this order:
+        1. completed: ``COMPLETED`` with its cached result (nothing written).
+        2. waiting (scheduled / queued / retrying) and ``job.update`` has something to
+           change: apply it (see ``JobUpdate``; a new due time <= now makes it queued, later
+           makes a queued job scheduled; a retrying job stays retrying with the new due time)
+           and return ``UPDATED`` with the state after the update. ``update_run_at`` modes
+           compare the job's current due time (its run_at; a queued job is due "now").
+        3. active and ``job.singleton``: when it has no successor yet, store this job as its
+           *blocked successor* (its own payload, options, due time and order key) and return
+           ``QUEUED`` with state ``blocked``; an event ``blocked`` is emitted. When a
+           successor exists, rule 2 applies to the successor instead (``UPDATED`` with state
+           ``blocked``), else ``DUPLICATE`` with state ``blocked``. When the active job
+           reaches a final state (completed, failed for good, stalled out), in the same
+           atomic step the successor replaces the record under the same id: attempts and
+           stalls 0, created now, state queued (or scheduled when due later), event
+           ``queued``/``scheduled``, wake-up. While a job is retrying, its successor stays
+           blocked: two instances of one id never run at once. ``cancel`` of an id that has
+           a successor cancels the successor (the active run continues).
+        4. otherwise ``DUPLICATE`` with its state (and error when failed).
+        With ``job.waiter`` the caller is registered (atomically, in the same step) to be told
+        the final outcome of the record it joined through ``wait_for_outcome`` (never of a
+        blocked successor: the Queue API refuses ``singleton`` with ``enqueue_and_wait``).
+
+        Dedup key (``job.dedup``; per queue; checked after the id rules, only for an id that
+        is new): the key maps to the job that holds it.
+        - ``simple``: held until the holder reaches a final state (or ``ttl`` passes, when
+          given). While held: ``DUPLICATE`` with the *holder's* id and state, nothing written.
+        - ``throttle``: held for ``ttl`` ms from the holder's enqueue whatever the holder
+          does; repeats in the window get ``DUPLICATE`` with the holder's id and state.
+        - ``debounce``: held for ``ttl`` ms from the *latest* enqueue. The job is due at
+          ``now + ttl`` at the earliest. A repeat within the window while the holder is still
+          waiting replaces the holder's payload (and content type), moves its due time to the
+          repeat's due time, restarts the window, and returns ``UPDATED`` with the holder's
+          id. If the holder is no longer waiting (running, finished, gone), the repeat is
+          stored as a new job and takes the key.
+        A held key whose holder record is gone (expired, cleaned, obliterated) is free.
         """
 
     def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
@@ -100,9 +142,23 @@ class Storage(abc.ABC):
     def claim(self, queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:
         """Lease up to ``count`` runnable jobs to ``worker_id`` in one atomic step.
 
-        First promotes due scheduled/retrying jobs, then moves the best jobs (lowest priority,
-        then FIFO) from queued to active with a lease deadline ``now + lease_ms``, a new fencing
-        token, ``attempts + 1``, and an ``active`` event each. Never blocks.
+        First promotes due scheduled/retrying jobs, then moves the best jobs (see ``enqueue``
+        for the order) from queued to active with a lease deadline ``now + lease_ms``, a new
+        fencing token, ``attempts + 1``, and an ``active`` event each. Never blocks.
+
+        Flow control (``set_limits``, ``pause``, ``postpone(queue_wide=True)``), all inside
+        the same atomic step so that no number of workers can exceed a limit:
+        - paused queue: claims nothing; ``next_due_in`` None (``resume`` wakes workers).
+        - queue-wide postponement until T: claims nothing before T; ``next_due_in`` T - now.
+        - ``concurrency``: claims at most ``concurrency - active`` jobs. When that is 0,
+          ``next_due_in`` is None and the verdict that frees a slot wakes one worker.
+        - ``rate_max``/``rate_window``: counts claims in the sliding window ending now; at
+          most ``rate_max`` in any window. When the budget is spent, ``next_due_in`` is the
+          ms until the oldest claim in the window leaves it.
+        - group limits: a candidate whose group spent its budget is not claimed: it moves to
+          scheduled (event ``scheduled``), due when its group's oldest claim in the window
+          leaves it, keeping its order key; the claim goes on to the next candidates
+          (looking at no more than a bounded number of them per call).
         """
 
     @abc.abstractmethod
@@ -148,6 +204,16 @@ class Storage(abc.ABC):
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         """active → queued without using an attempt (graceful shutdown). Lease-checked."""
 
+    @abc.abstractmethod
+    def postpone(
+        self, queue: str, job_id: str, token: int, delay_ms: int, *, queue_wide: bool = False
+    ) -> AckOutcome:
+        """The handler said "rate limited, retry in ``delay_ms``": active → scheduled, due
+        ``now + delay_ms``, without using an attempt (attempts - 1, like release); event
+        ``postponed``; ``POSTPONED``. With ``queue_wide`` the whole queue claims nothing
+        until then either (an upstream API said so). Lease-checked; a job with a blocked
+        successor keeps it (the job is not finished)."""
+
     def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
         """Apply several verdicts; each stays its own atomic step. Backends batch round trips."""
         out = []
@@ -165,6 +231,12 @@ class Storage(abc.ABC):
                         permanent=ack.permanent,
                     )
                 )
+            elif ack.kind == "postpone":
+                out.append(
+                    self.postpone(
+                        queue, ack.job_id, ack.token, ack.retry_in or 0, queue_wide=ack.queue_wide
+                    )
+                )
             else:
                 out.append(self.release(queue, ack.job_id, ack.token))
         return out
@@ -176,6 +248,19 @@ class Storage(abc.ABC):
         """scheduled/queued/retrying/blocked → cancelled in O(log n): the job will never run;
         its record (and so its id's deduplication) stays for ``result_ttl``; waiters are told.
         An active or finished job is left alone and its state returned."""
+
+    @abc.abstractmethod
+    def change(
+        self, queue: str, job_id: str, *, run_at: int | None = None, priority: int | None = None
+    ) -> ChangeOutcome:
+        """Change a waiting job in one atomic step: the record when it is scheduled, queued or
+        retrying, else its blocked successor when it has one (changes then apply when the
+        successor is released).
+
+        ``run_at`` (epoch ms): <= now makes it queued (promote; event ``queued``), later makes
+        it scheduled (event ``scheduled``; a retrying job stays retrying). ``priority``: takes
+        effect at once for a queued job (its FIFO order key is kept). Returns ``CHANGED`` or
+        why not (``NOT_FOUND``, ``ACTIVE``, or the final state)."""
 
     @abc.abstractmethod
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
@@ -194,13 +279,58 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def counts(self, queue: str) -> dict[JobState, int]:
-        """Jobs per live state (scheduled, queued, active, retrying) and finished totals."""
+        """Jobs per live state (scheduled, queued, active, retrying, blocked: the number of
+        singleton successors) and finished totals (completed, failed)."""
 
     @abc.abstractmethod
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
         """Events after id ``after`` in order, optionally blocking ``block`` seconds for one."""
+
+    # -- queue control ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def pause(self, queue: str) -> None:
+        """Workers stop claiming from ``queue`` (enqueue, cancel and verdicts still work)."""
+
+    @abc.abstractmethod
+    def resume(self, queue: str) -> None:
+        """Undo ``pause`` and wake idle workers."""
+
+    @abc.abstractmethod
+    def is_paused(self, queue: str) -> bool: ...
+
+    @abc.abstractmethod
+    def set_limits(self, queue: str, limits: QueueLimits) -> None:
+        """Replace the queue's flow-control limits (all of them; None fields: no limit) and
+        wake idle workers, since a raised limit may make jobs claimable."""
+
+    @abc.abstractmethod
+    def get_limits(self, queue: str) -> QueueLimits: ...
+
+    @abc.abstractmethod
+    def drain(self, queue: str, *, delayed: bool = True) -> int:
+        """Cancel every queued job (and, with ``delayed``, every scheduled and retrying one
+        and every blocked successor) as ``cancel`` would: waiters are told, records expire
+        after their result TTL. Active jobs are left alone. Returns how many were cancelled."""
+
+    @abc.abstractmethod
+    def clean(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> int:
+        """Delete up to ``limit`` finished records (of ``states``, all final) that finished at
+        least ``older_than_ms`` ago; their ids are free again. Returns how many."""
+
+    @abc.abstractmethod
+    def obliterate(self, queue: str, *, force: bool = False) -> int:
+        """Delete the queue and everything of it: jobs in every state, successors, dedup
+        keys, events, counters, pause flag and limits. Refuses (``QueueBusy``) while jobs
+        are active unless ``force``. Returns how many job records were deleted."""
 
     @abc.abstractmethod
     def register_queue(self, queue: str) -> None:

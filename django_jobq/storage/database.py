@@ -7,7 +7,9 @@ no server beyond the project's database: on SQLite it is the embedded default.
 Concurrency rules:
 - PostgreSQL: claims lock candidate rows with ``FOR UPDATE SKIP LOCKED``, so workers never wait
   on each other; wake-ups travel by ``LISTEN/NOTIFY``, sent inside the transaction so a worker is
-  woken only once the job is committed.
+  woken only once the job is committed. A claim on a queue with limits first locks the queue's
+  ``QueueConfig`` row, so limits are counted by one claimer at a time; a queue without limits
+  takes no such lock.
 - SQLite: one writer at a time. A transaction that reads and then writes fails at once with
   "database is locked" if another connection committed in between (WAL snapshot), so every write
   transaction here *starts* with a write (``_write_lock``), which waits on the busy timeout
@@ -15,6 +17,11 @@ Concurrency rules:
   (which changes when any other connection commits, and costs no disk read) every
   ``poll_interval`` and wakes this process's waiters, so an idle worker neither runs claim
   queries in a loop nor sleeps through a new job.
+
+Singleton successors are rows of their own under reserved ids (valid ids never contain ``~``):
+a blocked successor waits under ``<id>~next``. When the run before it finishes, in the same
+transaction that finished row is renamed ``<id>~<pk>`` and the successor takes ``<id>``; a
+waiter of the finished run reads it by primary key, so it still gets that run's outcome.
 """
 
 from __future__ import annotations
@@ -24,21 +31,28 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, OuterRef, Q, Subquery
 
+from ..errors import QueueBusy, StorageError
 from ..job import (
     AckOutcome,
     CancelOutcome,
+    ChangeOutcome,
     ClaimedJob,
+    DedupMode,
     EnqueueOutcome,
     Event,
     FinalOutcome,
     JobRecord,
     NewJob,
+    QueueLimits,
+    RunAtUpdate,
     StoredEnqueue,
 )
 from ..registry import handler_name
@@ -48,9 +62,23 @@ from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 logger = logging.getLogger("django_jobq.storage")
 CHANNEL = "django_jobq"
 BULK_CHUNK = 500  # jobs per enqueue_many transaction
+IN_CHUNK = 500  # ids per "IN (...)" list: SQLite bounds the parameters of a statement
 RECHECK = 2.0  # seconds: longest wait without re-reading the database (see _wait)
+GROUP_SCAN = 100  # claim: candidates looked at beyond ``count`` when group limits defer some
+WAITED_MEMO = 10_000  # remembered (queue, id) -> row of enqueues with a waiter (per process)
 STALLED_ERROR = {"type": "Stalled", "message": "lease expired more than max_stalls times"}
 SCHEDULED_STATES = (JobState.SCHEDULED, JobState.RETRYING)
+UPDATABLE_STATES = (JobState.SCHEDULED, JobState.QUEUED, JobState.RETRYING)
+MARK = "~"  # never part of a valid job id (validation.py): it marks reserved row names
+SUCCESSOR = MARK + "next"
+ORDER = "ORDER BY priority, order_key, id"  # claim order (index jobq_job_order)
+RETURNING = (
+    "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, max_backoff, "
+    "content_type, priority, order_key, job_group"
+)
+CONFIG_COLUMNS = (
+    "paused, postponed_until, concurrency, rate_max, rate_window, group_rate_max, group_rate_window"
+)
 
 
 def _dt(ms: int) -> dt.datetime:
@@ -58,11 +86,22 @@ def _dt(ms: int) -> dt.datetime:
 
 
 def _ms(value: dt.datetime) -> int:
-    return int(value.timestamp() * 1000)
+    return round(value.timestamp() * 1000)
 
 
 def _ms_or_none(value: dt.datetime | None) -> int | None:
     return None if value is None else _ms(value)
+
+
+def _raw_ms(value: Any) -> int | None:
+    """A datetime column read by raw SQL: PostgreSQL gives datetimes, SQLite UTC text."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return _ms(value)
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -73,13 +112,73 @@ def _json_bytes(value: Any) -> bytes | None:
     return None if value is None else json.dumps(value).encode()
 
 
+def _public_id(stored: str) -> str:
+    """The job id of a row, also of a successor or a replaced run (see the module docstring)."""
+    return stored.split(MARK, 1)[0]
+
+
+def _chunks(items: Sequence[Any], size: int = IN_CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _moves(mode: RunAtUpdate, current: int, due: int) -> bool:
+    """Whether an ``update_run_at`` mode moves a due time of ``current`` to ``due``."""
+    if mode is RunAtUpdate.YES:
+        return due != current
+    if mode is RunAtUpdate.IF_LATER:
+        return due > current
+    if mode is RunAtUpdate.IF_EARLIER:
+        return due < current
+    return False
+
+
+@dataclass(slots=True)
+class _Flow:
+    """A queue's flow control as one claim sees it (from its ``QueueConfig`` row, if any)."""
+
+    paused: bool = False
+    postponed_until: int | None = None  # epoch ms
+    concurrency: int | None = None
+    rate_max: int | None = None
+    rate_window: int | None = None
+    group_rate_max: int | None = None
+    group_rate_window: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any] | None) -> _Flow:
+        if row is None or row[0] is None:  # no config row: no flow control
+            return cls()
+        return cls(bool(row[0]), _raw_ms(row[1]), *row[2:7])
+
+    @property
+    def rate(self) -> bool:
+        return bool(self.rate_max is not None and self.rate_window)
+
+    @property
+    def group_rate(self) -> bool:
+        return bool(self.group_rate_max is not None and self.group_rate_window)
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate or self.group_rate
+
+    def held(self, now: int) -> ClaimBatch | None:
+        """The empty answer of a claim while the whole queue waits, else None."""
+        if self.paused:
+            return ClaimBatch()  # resume() wakes the workers
+        if self.postponed_until is not None and self.postponed_until > now:
+            return ClaimBatch(next_due_in=self.postponed_until - now)
+        return None
+
+
 class DatabaseStorage(Storage):
     supports_transactional_enqueue = True
 
     def __init__(
         self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
     ) -> None:
-        from ..models import Job, JobEvent, QueueConfig, WorkerInfo
+        from ..models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
 
         self.using = using
         self.clock = clock
@@ -87,6 +186,7 @@ class DatabaseStorage(Storage):
         self.Job, self.JobEvent, self.QueueConfig, self.WorkerInfo = (
             Job, JobEvent, QueueConfig, WorkerInfo,
         )  # fmt: skip
+        self.DedupKey, self.ClaimLog = DedupKey, ClaimLog
         # Wake-ups: every signal bumps a generation number. A waiter compares it with the value
         # it saw *before* reading the database, so a signal that lands between its read and its
         # wait is never lost (the classic missed wake-up of condition variables).
@@ -96,6 +196,10 @@ class DatabaseStorage(Storage):
         self._interrupted: set[str] = set()
         self._listener: _PgListener | _SqliteWatcher | None = None
         self._wal_checked = False
+        # The row each enqueue with a waiter joined, so that wait_for_outcome follows that row
+        # even once a singleton successor has taken over the id.
+        self._waited: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._waited_lock = threading.Lock()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -113,6 +217,9 @@ class DatabaseStorage(Storage):
     def _jobs(self):
         self._drop_broken_connection()
         return self.Job.objects.using(self.using)
+
+    def _configs(self):
+        return self.QueueConfig.objects.using(self.using)
 
     def _atomic(self):
         self._drop_broken_connection()
@@ -136,7 +243,7 @@ class DatabaseStorage(Storage):
             if not self._wal_checked:
                 self._use_wal()
             with connections[self.using].cursor() as cursor:
-                cursor.execute(f"DELETE FROM {self.Job._meta.db_table} WHERE id = -1")  # noqa: S608
+                cursor.execute(f"DELETE FROM {self.Job._meta.db_table} WHERE id = -1")
 
     def _use_wal(self) -> None:
         """WAL lets readers run while one connection writes; it persists in the file, so this
@@ -155,8 +262,7 @@ class DatabaseStorage(Storage):
             return
         at = self._param_dt(now)
         table = self._event_table
-        for start in range(0, len(rows), 500):
-            chunk = rows[start : start + 500]
+        for chunk in _chunks(rows):
             values = ", ".join(["(%s, %s, %s, %s, %s, '')"] * len(chunk))
             params: list[Any] = []
             for pk, q, _ in chunk:
@@ -169,17 +275,24 @@ class DatabaseStorage(Storage):
 
     # Raw SQL for the hot paths. Table names come from the models' meta; values are always
     # parameters.
+    def _quoted(self, model: Any) -> str:
+        return connections[self.using].ops.quote_name(model._meta.db_table)
+
     @property
     def _table(self) -> str:
-        return connections[self.using].ops.quote_name(self.Job._meta.db_table)
+        return self._quoted(self.Job)
 
     @property
     def _event_table(self) -> str:
-        return connections[self.using].ops.quote_name(self.JobEvent._meta.db_table)
+        return self._quoted(self.JobEvent)
 
     @property
     def _skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+
+    @property
+    def _for_update(self) -> str:
+        return " FOR UPDATE" if self.vendor == "postgresql" else ""
 
     def _param_dt(self, ms: int) -> Any:
         """A datetime parameter as the ORM would store it (SQLite keeps text)."""
@@ -256,36 +369,67 @@ class DatabaseStorage(Storage):
             "waiters": 0,
         }
 
+    def _remember_waiter(self, queue: str, job_id: str, pk: int) -> None:
+        with self._waited_lock:
+            self._waited[(queue, job_id)] = pk
+            self._waited.move_to_end((queue, job_id))
+            while len(self._waited) > WAITED_MEMO:
+                self._waited.popitem(last=False)
+
+    def _locked_row(self, queue: str, job_id: str) -> Any:
+        """The row stored under ``job_id`` (a reserved name too), locked on PostgreSQL."""
+        qs = self._jobs().filter(queue=queue, job_id=job_id)
+        if self.vendor == "postgresql":
+            qs = qs.select_for_update()
+        return qs.order_by().first()
+
     # -- producer ---------------------------------------------------------------------------
 
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
         with self._atomic():
             self._write_lock()
             now = self._now()  # after the lock: no earlier than the commit we waited for
-            # The common case first: a new id is one INSERT … ON CONFLICT DO NOTHING (the
-            # unique (queue, job_id) index decides races, also between processes).
-            created = self._insert(queue, job, now)
-            if created is not None:
-                return created
-            existing = self._existing(queue, job.job_id, now)
-            if existing is None:  # it had expired: _existing removed it, the id is free
-                created = self._insert(queue, job, now)
-                if created is not None:
-                    return created
-                existing = self._existing(queue, job.job_id, now)
-            return self._duplicate(existing, job)
+            return self._enqueue_one(queue, job, now)
 
     def enqueue_many(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
         """All of ``jobs`` in one transaction per chunk: one commit instead of one per job."""
         out: list[StoredEnqueue] = []
-        for start in range(0, len(jobs), BULK_CHUNK):
-            out += self._enqueue_chunk(queue, jobs[start : start + BULK_CHUNK])
+        for chunk in _chunks(jobs, BULK_CHUNK):
+            out += self._enqueue_chunk(queue, chunk)
         return out
+
+    def _enqueue_one(self, queue: str, job: NewJob, now: int) -> StoredEnqueue:
+        """The rules of ``Storage.enqueue``, inside the caller's transaction."""
+        if job.dedup is None:
+            # The common case first: a new id is one INSERT … ON CONFLICT DO NOTHING (the
+            # unique (queue, job_id) index decides races, also between processes).
+            created = self._create(queue, job, now)
+            if created is not None:
+                return created
+        for _ in range(2):  # a second round only after a concurrent insert of the same id
+            existing = self._existing(queue, job.job_id, now)
+            if existing is not None:
+                return self._on_existing(queue, existing, job, now)
+            if job.dedup is not None:
+                held = self._dedup_holder(queue, job, now)
+                if held is not None:
+                    return held
+            created = self._create(queue, job, now)
+            if created is not None:
+                return created
+        raise StorageError(f"job {job.job_id} neither inserted nor found")
 
     def _enqueue_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
         with self._atomic():
             self._write_lock()
             now = self._now()  # after the lock: no earlier than the commit we waited for
+            if any(
+                job.dedup is not None
+                or job.singleton
+                or (job.update is not None and job.update.any)
+                for job in jobs
+            ):  # rules that depend on what each earlier job of the chunk did: one by one
+                return [self._enqueue_one(queue, job, now) for job in jobs]
             ids = list(dict.fromkeys(job.job_id for job in jobs))
             qs = self._jobs().filter(queue=queue, job_id__in=ids)
             if self.vendor == "postgresql":
@@ -304,7 +448,10 @@ class DatabaseStorage(Storage):
                 with transaction.atomic(using=self.using):  # a concurrent insert of an id
                     self._jobs().bulk_create(rows)
             except IntegrityError:  # ... sends this chunk down the one-by-one path
-                return [self.enqueue(queue, job) for job in jobs]
+                return [self._enqueue_one(queue, job, now) for job in jobs]
+            lifo = [r.pk for r in rows if r.lifo]
+            if lifo:
+                self._jobs().filter(pk__in=lifo).update(order_key=-F("id"))
             for kind in (JobState.QUEUED, JobState.SCHEDULED):
                 of_kind = [(r.pk, queue, r.job_id) for r in rows if r.state == kind]
                 self._events(of_kind, kind.value, now)
@@ -315,6 +462,8 @@ class DatabaseStorage(Storage):
             for job in jobs:
                 row = created.pop(job.job_id, None)
                 if row is not None:
+                    if job.waiter:
+                        self._remember_waiter(queue, job.job_id, row.pk)
                     out.append(
                         StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, JobState(row.state))
                     )
@@ -322,12 +471,19 @@ class DatabaseStorage(Storage):
                 prior = existing.get(job.job_id)
                 if prior is None:  # a repeat, within this batch, of an id created above
                     prior = next(r for r in rows if r.job_id == job.job_id)
-                out.append(self._duplicate(prior, job))
+                out.append(self._duplicate(queue, prior, job))
             return out
+
+    @staticmethod
+    def _due(job: NewJob, now: int) -> int:
+        due = max(job.run_at or 0, now + job.delay)
+        if job.dedup is not None and job.dedup.mode is DedupMode.DEBOUNCE:
+            due = max(due, now + (job.dedup.ttl or 0))
+        return due
 
     def _new_row(self, queue: str, job: NewJob, now: int) -> Any:
         o = job.options
-        due = max(job.run_at or 0, now + job.delay)
+        due = self._due(job, now)
         state = JobState.SCHEDULED if due > now else JobState.QUEUED
         return self.Job(
             queue=queue, job_id=job.job_id, handler=handler_name(queue), state=state,
@@ -335,53 +491,219 @@ class DatabaseStorage(Storage):
             max_stalls=o.max_stalls, priority=o.priority, min_backoff=o.min_backoff,
             max_backoff=o.max_backoff, result_ttl=o.result_ttl,
             run_at=_dt(due) if state is JobState.SCHEDULED else None,
-            created_at=_dt(now), waiters=1 if job.waiter else 0,
+            created_at=_dt(now), waiters=1 if job.waiter else 0, lifo=job.lifo,
+            group=job.group or "", dedup_key="", order_key=0,
         )  # fmt: skip
 
     def _existing(self, queue: str, job_id: str, now: int) -> Any:
-        qs = self._jobs().filter(queue=queue, job_id=job_id)
-        if self.vendor == "postgresql":
-            qs = qs.select_for_update()
-        row = qs.first()
+        row = self._locked_row(queue, job_id)
         if row is not None and row.expires_at is not None and _ms(row.expires_at) <= now:
             row.delete()  # its TTL passed: the id is free again
             return None
         return row
 
-    def _insert(self, queue: str, job: NewJob, now: int) -> StoredEnqueue | None:
+    def _insert(
+        self, queue: str, job: NewJob, now: int, *, successor: bool = False
+    ) -> tuple[int, JobState] | None:
         """Insert the job unless its id exists; None when it does. Raw SQL: enqueue is a hot
-        path and this is one statement where the ORM needed a read and a savepoint."""
+        path and this is one statement where the ORM needed a read and a savepoint.
+
+        A ``successor`` is stored blocked under its reserved name, with its own due time
+        (None when already due) applied once it is released."""
         o = job.options
-        due = max(job.run_at or 0, now + job.delay)
-        state = JobState.SCHEDULED if due > now else JobState.QUEUED
+        due = self._due(job, now)
+        if successor:
+            state, run_at = JobState.BLOCKED, due if due > now else None
+        else:
+            state = JobState.SCHEDULED if due > now else JobState.QUEUED
+            run_at = due if state is JobState.SCHEDULED else None
         rows = self._sql(
             f"INSERT INTO {self._table} (queue, job_id, handler, state, payload, content_type, "
             "attempts, max_attempts, stalls, max_stalls, priority, min_backoff, max_backoff, "
-            "result_ttl, run_at, created_at, worker, token, waiters) VALUES (%s, %s, %s, %s, %s, "
-            "%s, 0, %s, 0, %s, %s, %s, %s, %s, %s, %s, '', 0, %s) "
+            "result_ttl, run_at, created_at, worker, token, waiters, lifo, job_group, dedup_key, "
+            "order_key, has_successor) VALUES (%s, %s, %s, %s, %s, %s, 0, %s, 0, %s, %s, %s, %s, "
+            "%s, %s, %s, '', 0, %s, %s, %s, %s, 0, %s) "
             "ON CONFLICT (queue, job_id) DO NOTHING RETURNING id",
             [
-                queue, job.job_id, handler_name(queue), state.value, job.payload,
-                job.content_type, o.max_attempts,
+                queue, job.job_id + SUCCESSOR if successor else job.job_id, handler_name(queue),
+                state.value, job.payload, job.content_type, o.max_attempts,
                 o.max_stalls, o.priority, o.min_backoff, o.max_backoff, o.result_ttl,
-                self._param_dt(due) if state is JobState.SCHEDULED else None,
-                self._param_dt(now), 1 if job.waiter else 0,
+                None if run_at is None else self._param_dt(run_at),
+                self._param_dt(now), 1 if job.waiter and not successor else 0, job.lifo,
+                job.group or "", job.dedup.key if job.dedup and not successor else "", False,
             ],
         )  # fmt: skip
         if not rows:
             return None
-        self._events([(rows[0][0], queue, job.job_id)], state.value, now)
+        pk = rows[0][0]
+        if job.lifo:  # newest LIFO job first: its key is below every earlier one's
+            self._sql(f"UPDATE {self._table} SET order_key = -id WHERE id = %s", [pk], fetch=False)
+        self._events([(pk, queue, job.job_id)], state.value, now)
         if state is JobState.QUEUED:
             self._signal(f"w {queue}")
+        return pk, state
+
+    def _create(self, queue: str, job: NewJob, now: int) -> StoredEnqueue | None:
+        inserted = self._insert(queue, job, now)
+        if inserted is None:
+            return None
+        pk, state = inserted
+        if job.dedup is not None:
+            self._take_key(queue, job, pk, now)
+        if job.waiter:
+            self._remember_waiter(queue, job.job_id, pk)
         return StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, state)
 
-    def _duplicate(self, row: Any, job: NewJob) -> StoredEnqueue:
+    def _on_existing(self, queue: str, row: Any, job: NewJob, now: int) -> StoredEnqueue:
+        """Rules 1-4 of ``Storage.enqueue`` for an id that exists (``row``, locked)."""
         state = JobState(row.state)
-        if job.waiter and state not in TERMINAL_STATES:
+        update = job.update is not None and job.update.any
+        if update and state in UPDATABLE_STATES:
+            updated = self._apply_update(queue, row, job, now)
+            if updated is not None:
+                self._join(queue, row, job)
+                return StoredEnqueue(EnqueueOutcome.UPDATED, job.job_id, updated)
+        elif state is JobState.ACTIVE and job.singleton:
+            return self._singleton(queue, row, job, now)
+        return self._duplicate(queue, row, job)
+
+    def _singleton(self, queue: str, row: Any, job: NewJob, now: int) -> StoredEnqueue:
+        """Rule 3: the id is active; store ``job`` as its blocked successor or update it."""
+        blocked = JobState.BLOCKED
+        if not row.has_successor:
+            if self._insert(queue, job, now, successor=True) is None:
+                raise StorageError(f"job {job.job_id}: a successor row exists unannounced")
+            self._jobs().filter(pk=row.pk).update(has_successor=True)
+            return StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, blocked)
+        successor = self._locked_row(queue, job.job_id + SUCCESSOR)
+        if job.update is not None and job.update.any and successor is not None:
+            if self._apply_update(queue, successor, job, now) is not None:
+                return StoredEnqueue(EnqueueOutcome.UPDATED, job.job_id, blocked)
+        return StoredEnqueue(EnqueueOutcome.DUPLICATE, job.job_id, blocked)
+
+    def _apply_update(self, queue: str, row: Any, job: NewJob, now: int) -> JobState | None:
+        """Apply ``job.update`` to a waiting row (or a blocked successor); its new state, or
+        None when every field already holds the new value (then nothing is written)."""
+        u, o = job.update, job.options
+        assert u is not None
+        fields: dict[str, Any] = {}
+        if u.data and (bytes(row.payload) != job.payload or row.content_type != job.content_type):
+            fields.update(payload=job.payload, content_type=job.content_type)
+        if u.max_attempts and row.max_attempts != o.max_attempts:
+            fields["max_attempts"] = o.max_attempts
+        if u.backoff and (row.min_backoff, row.max_backoff) != (o.min_backoff, o.max_backoff):
+            fields.update(min_backoff=o.min_backoff, max_backoff=o.max_backoff)
+        if u.reset_counts and (row.attempts or row.stalls):
+            fields.update(attempts=0, stalls=0)
+        state, kind = JobState(row.state), None
+        if u.run_at is not RunAtUpdate.NO:
+            due = max(job.run_at or 0, now + job.delay)
+            queued = state is JobState.QUEUED or row.run_at is None
+            if _moves(u.run_at, now if queued else _ms(row.run_at), due):
+                state, kind = self._retime(fields, state, due, now)
+        if not fields:
+            return None
+        self._jobs().filter(pk=row.pk).update(**fields)
+        self._retimed(queue, row.pk, row.job_id, state, kind, now)
+        return state
+
+    @staticmethod
+    def _retime(
+        fields: dict[str, Any], state: JobState, due: int, now: int
+    ) -> tuple[JobState, str | None]:
+        """Add to ``fields`` what moves a waiting job (state ``state``) to be due at ``due``;
+        its new state and the event to emit (None: none)."""
+        if state is JobState.BLOCKED:  # applies when the successor is released
+            fields["run_at"] = _dt(due) if due > now else None
+            return state, None
+        if due <= now:
+            if state is JobState.QUEUED:
+                return state, None
+            fields.update(state=JobState.QUEUED, run_at=None)
+            return JobState.QUEUED, "queued"
+        fields["run_at"] = _dt(due)
+        if state is JobState.RETRYING:  # its backoff moved; it stays a retry
+            return state, "retrying"
+        fields["state"] = JobState.SCHEDULED
+        return JobState.SCHEDULED, "scheduled"
+
+    def _retimed(
+        self, queue: str, pk: int, job_id: str, state: JobState, kind: str | None, now: int
+    ) -> None:
+        if kind is not None:
+            self._events([(pk, queue, job_id)], kind, now)
+            if state is JobState.QUEUED:
+                self._signal(f"w {queue}")
+
+    def _join(self, queue: str, row: Any, job: NewJob) -> None:
+        """Register ``job``'s waiter on the row it joined (see ``Storage.enqueue``)."""
+        if job.waiter and JobState(row.state) not in TERMINAL_STATES:
             self._jobs().filter(pk=row.pk).update(waiters=F("waiters") + 1)
+        if job.waiter:
+            self._remember_waiter(queue, job.job_id, row.pk)
+
+    def _duplicate(self, queue: str, row: Any, job: NewJob) -> StoredEnqueue:
+        self._join(queue, row, job)
+        state = JobState(row.state)
         done = state is JobState.COMPLETED
         outcome = EnqueueOutcome.COMPLETED if done else EnqueueOutcome.DUPLICATE
         return StoredEnqueue(outcome, job.job_id, state, _bytes(row.result), _json_bytes(row.error))
+
+    # -- deduplication keys -------------------------------------------------------------------
+
+    def _dedup_holder(self, queue: str, job: NewJob, now: int) -> StoredEnqueue | None:
+        """For a new id with a dedup key: the answer when the key is held (DUPLICATE of the
+        holder, or UPDATED for a debounced repeat), None when the key is free.
+
+        The key's row is created if missing and locked first: it serialises the enqueues of
+        one key (PostgreSQL: the unique index makes a concurrent creator wait for us)."""
+        d = job.dedup
+        assert d is not None
+        self._sql(
+            f"INSERT INTO {self._quoted(self.DedupKey)} (queue, dedup_key, mode) "
+            "VALUES (%s, %s, %s) ON CONFLICT (queue, dedup_key) DO NOTHING",
+            [queue, d.key, d.mode.value],
+            fetch=False,
+        )
+        keys = self.DedupKey.objects.using(self.using).filter(queue=queue, key=d.key)
+        if self.vendor == "postgresql":
+            keys = keys.select_for_update()
+        key = keys.get()
+        holder = self._jobs().filter(pk=key.job_id).first() if key.job_id else None
+        if holder is None or (holder.expires_at is not None and _ms(holder.expires_at) <= now):
+            return None  # never held, or its holder is gone: free
+        state, until = JobState(holder.state), _ms_or_none(key.held_until)
+        if key.mode == DedupMode.SIMPLE:
+            held = state not in TERMINAL_STATES and (until is None or until > now)
+        else:
+            held = until is not None and until > now
+        if not held:
+            return None
+        holder_id = _public_id(holder.job_id)
+        if key.mode == DedupMode.DEBOUNCE:
+            if state not in UPDATABLE_STATES:
+                return None  # running or finished: the repeat is a new job and takes the key
+            fields: dict[str, Any] = {"payload": job.payload, "content_type": job.content_type}
+            due = max(self._due(job, now), now + (d.ttl or 0))
+            state, kind = self._retime(fields, state, due, now)
+            self._jobs().filter(pk=holder.pk).update(**fields)
+            self._retimed(queue, holder.pk, holder.job_id, state, kind, now)
+            keys.update(held_until=_dt(now + (d.ttl or 0)))
+            self._join(queue, holder, job)
+            return StoredEnqueue(EnqueueOutcome.UPDATED, holder_id, state)
+        self._join(queue, holder, job)
+        return StoredEnqueue(
+            EnqueueOutcome.DUPLICATE, holder_id, state, _bytes(holder.result),
+            _json_bytes(holder.error),
+        )  # fmt: skip
+
+    def _take_key(self, queue: str, job: NewJob, pk: int, now: int) -> None:
+        d = job.dedup
+        assert d is not None
+        until = now + d.ttl if d.ttl else None
+        self.DedupKey.objects.using(self.using).filter(queue=queue, key=d.key).update(
+            job_id=pk, mode=d.mode.value, held_until=None if until is None else _dt(until)
+        )
 
     # -- worker -----------------------------------------------------------------------------
 
@@ -391,46 +713,188 @@ class DatabaseStorage(Storage):
         since = self._snapshot()
         with self._cond:
             self._claim_seen.setdefault(worker_id, since)
-        batch = ClaimBatch()
-        if not self._claimable(queue, self._now()):
+        now = self._now()
+        flow, claimable = self._gate(queue, now)
+        held = flow.held(now)
+        if held is not None:
+            return held
+        if not claimable:
             # Nothing to take: answer from a read, without queueing for SQLite's single write
             # lock (idle workers on several queues would otherwise serialise every writer).
-            batch.next_due_in = self._next_due_in(queue, self._now())
-            return batch
+            return ClaimBatch(next_due_in=self._next_due_in(queue, now))
         with self._atomic():
             self._write_lock()
             now = self._now()  # after the lock: no earlier than the commit we waited for
+            if flow.limited:
+                # Re-read under the row lock: limits are counted by one claimer at a time.
+                flow = self._flow(queue, lock=True)
+                held = flow.held(now)
+                if held is not None:
+                    return held
+                return self._claim_limited(queue, worker_id, count, lease_ms, flow, now)
             self._promote_due(queue, now, 1000)
-            # One UPDATE … RETURNING moves the best queued jobs to active (SQLite ≥ 3.35 and
-            # PostgreSQL). Raw SQL: this is the worker's hot path, and the ORM version needed a
-            # select, an update and a re-select.
-            rows = self._sql(
-                f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
-                "attempts = attempts + 1, started_at = %s, lease_deadline = %s "
-                f"WHERE id IN (SELECT id FROM {self._table} WHERE queue = %s AND state = 'queued' "
-                f"ORDER BY priority, id LIMIT %s{self._skip_locked}) "
-                "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, "
-                "max_backoff, content_type, priority",
-                [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), queue, count],
-            )
-            rows.sort(key=lambda r: (r[9], r[0]))  # RETURNING has no order: priority, FIFO
-            if rows:
-                self._events([(r[0], queue, r[1]) for r in rows], "active", now, worker_id)
-                batch.jobs = [
-                    ClaimedJob(queue, r[1], bytes(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
-                    for r in rows
-                ]
-            batch.next_due_in = self._next_due_in(queue, now)
-            return batch
+            rows = self._activate(queue, worker_id, now, lease_ms, limit=count)
+            jobs = self._claimed(queue, rows, worker_id, now)
+            return ClaimBatch(jobs, self._next_due_in(queue, now))
 
-    def _claimable(self, queue: str, now: int) -> bool:
-        return bool(
-            self._sql(
-                f"SELECT 1 FROM {self._table} WHERE queue = %s AND (state = 'queued' OR "
-                "(state IN ('scheduled', 'retrying') AND run_at <= %s)) LIMIT 1",
-                [queue, self._param_dt(now)],
-            )
+    def _gate(self, queue: str, now: int) -> tuple[_Flow, bool]:
+        """The queue's flow control and whether any job is claimable, in one read."""
+        row = self._sql(
+            f"SELECT c.paused, c.postponed_until, c.concurrency, c.rate_max, c.rate_window, "
+            f"c.group_rate_max, c.group_rate_window, EXISTS (SELECT 1 FROM {self._table} j "
+            "WHERE j.queue = %s AND (j.state = 'queued' OR (j.state IN ('scheduled', "
+            "'retrying') AND j.run_at <= %s))) FROM (SELECT 1 AS one) d "
+            f"LEFT JOIN {self._quoted(self.QueueConfig)} c ON c.name = %s",
+            [queue, self._param_dt(now), queue],
+        )[0]
+        return _Flow.from_row(row), bool(row[7])
+
+    def _flow(self, queue: str, *, lock: bool = False) -> _Flow:
+        rows = self._sql(
+            f"SELECT {CONFIG_COLUMNS} FROM {self._quoted(self.QueueConfig)} WHERE name = %s"
+            + (self._for_update if lock else ""),
+            [queue],
         )
+        return _Flow.from_row(rows[0] if rows else None)
+
+    def _activate(
+        self,
+        queue: str,
+        worker_id: str,
+        now: int,
+        lease_ms: int,
+        *,
+        limit: int | None = None,
+        ids: Sequence[int] = (),
+    ) -> list[Any]:
+        """Move the best ``limit`` queued jobs (or the queued jobs ``ids``) to active in one
+        UPDATE … RETURNING (SQLite ≥ 3.35 and PostgreSQL). Raw SQL: this is the worker's hot
+        path, and the ORM version needed a select, an update and a re-select."""
+        if limit is not None:
+            where = (
+                f"id IN (SELECT id FROM {self._table} WHERE queue = %s AND state = 'queued' "
+                f"{ORDER} LIMIT %s{self._skip_locked})"
+            )
+            params: list[Any] = [queue, limit]
+        else:
+            where = f"state = 'queued' AND id IN ({', '.join(['%s'] * len(ids))})"
+            params = list(ids)
+        return self._sql(
+            f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
+            f"attempts = attempts + 1, started_at = %s, lease_deadline = %s WHERE {where} "
+            + RETURNING,
+            [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), *params],
+        )
+
+    def _claimed(self, queue: str, rows: list[Any], worker_id: str, now: int) -> list[ClaimedJob]:
+        rows.sort(key=lambda r: (r[9], r[10], r[0]))  # RETURNING has no order: claim order
+        self._events([(r[0], queue, r[1]) for r in rows], "active", now, worker_id)
+        return [
+            ClaimedJob(queue, r[1], bytes(r[2]), r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows
+        ]
+
+    def _claim_limited(
+        self, queue: str, worker_id: str, count: int, lease_ms: int, flow: _Flow, now: int
+    ) -> ClaimBatch:
+        """A claim under ``QueueLimits`` (the caller holds the queue's config row lock)."""
+        self._promote_due(queue, now, 1000)
+        allowed = count
+        if flow.concurrency is not None:
+            active = self._sql(
+                f"SELECT COUNT(*) FROM {self._table} WHERE queue = %s AND state = 'active'",
+                [queue],
+            )[0][0]
+            allowed = min(allowed, flow.concurrency - active)
+            if allowed <= 0:
+                return ClaimBatch()  # the verdict that frees a slot wakes a worker
+        log = self._quoted(self.ClaimLog)
+        starts: list[int] = []  # claims in the queue's window, oldest first
+        if flow.rate:
+            assert flow.rate_max is not None and flow.rate_window is not None
+            starts = [
+                r[0]
+                for r in self._sql(
+                    f"SELECT at FROM {log} WHERE queue = %s AND at > %s ORDER BY at",
+                    [queue, now - flow.rate_window],
+                )
+            ]
+            allowed = min(allowed, flow.rate_max - len(starts))
+            if allowed <= 0:
+                return ClaimBatch(next_due_in=self._rate_wait(queue, starts, flow, now))
+        if flow.group_rate:
+            rows = self._claim_by_group(queue, worker_id, allowed, lease_ms, flow, now)
+        else:
+            rows = self._activate(queue, worker_id, now, lease_ms, limit=allowed)
+        if rows and (flow.rate or flow.group_rate):
+            windows = [w for w in (flow.rate_window, flow.group_rate_window) if w]
+            self._sql(
+                f"DELETE FROM {log} WHERE queue = %s AND at <= %s",
+                [queue, now - max(windows)],
+                fetch=False,
+            )
+            values = ", ".join(["(%s, %s, %s)"] * len(rows))
+            params = [v for r in rows for v in (queue, r[11] or "", now)]
+            self._sql(
+                f"INSERT INTO {log} (queue, job_group, at) VALUES {values}", params, fetch=False
+            )
+        batch = ClaimBatch(self._claimed(queue, rows, worker_id, now))
+        starts += [now] * len(rows)
+        if flow.rate and len(starts) >= (flow.rate_max or 0):
+            batch.next_due_in = self._rate_wait(queue, starts, flow, now)
+        else:
+            batch.next_due_in = self._next_due_in(queue, now)
+        return batch
+
+    def _rate_wait(self, queue: str, starts: list[int], flow: _Flow, now: int) -> int | None:
+        """Ms until the queue's rate budget allows one more claim, when it has work for it."""
+        assert flow.rate_max is not None and flow.rate_window is not None
+        free_in = max(starts[len(starts) - flow.rate_max] + flow.rate_window - now, 0)
+        if self._sql(
+            f"SELECT 1 FROM {self._table} WHERE queue = %s AND state = 'queued' LIMIT 1", [queue]
+        ):
+            return free_in
+        due = self._next_due_in(queue, now)
+        return None if due is None else max(due, free_in)
+
+    def _claim_by_group(
+        self, queue: str, worker_id: str, allowed: int, lease_ms: int, flow: _Flow, now: int
+    ) -> list[Any]:
+        """Claim in order, skipping candidates whose group spent its budget: those move to
+        scheduled, due when their group's window frees, and keep their order key."""
+        assert flow.group_rate_max is not None and flow.group_rate_window is not None
+        candidates = self._sql(
+            f"SELECT id, job_id, job_group FROM {self._table} WHERE queue = %s "
+            f"AND state = 'queued' {ORDER} LIMIT %s{self._skip_locked}",
+            [queue, allowed + GROUP_SCAN],
+        )
+        starts: dict[str, list[int]] = {g: [] for _, _, g in candidates if g}
+        if starts:
+            groups = list(starts)
+            for group, at in self._sql(
+                f"SELECT job_group, at FROM {self._quoted(self.ClaimLog)} WHERE queue = %s "
+                f"AND at > %s AND job_group IN ({', '.join(['%s'] * len(groups))}) ORDER BY at",
+                [queue, now - flow.group_rate_window, *groups],
+            ):
+                starts[group].append(at)
+        take: list[int] = []
+        defer: dict[int, list[tuple[int, str, str]]] = {}  # due -> (pk, queue, job_id)
+        for pk, job_id, group in candidates:
+            if len(take) >= allowed:
+                break
+            if group:
+                window = starts[group]
+                if len(window) >= flow.group_rate_max:
+                    due = window[len(window) - flow.group_rate_max] + flow.group_rate_window
+                    defer.setdefault(due, []).append((pk, queue, job_id))
+                    continue
+                window.append(now)
+            take.append(pk)
+        for due, items in defer.items():
+            self._jobs().filter(pk__in=[pk for pk, _, _ in items]).update(
+                state=JobState.SCHEDULED, run_at=_dt(due)
+            )
+            self._events(items, "scheduled", now)
+        return self._activate(queue, worker_id, now, lease_ms, ids=take) if take else []
 
     def _next_due_in(self, queue: str, now: int) -> int | None:
         due = (
@@ -484,13 +948,17 @@ class DatabaseStorage(Storage):
         return lost
 
     def _take_lease(self, queue: str, job_id: str, token: int, **fields: Any) -> Any:
-        """The guarded write that checks the lease and locks the row; None when lost."""
+        """The guarded write that checks the lease and locks the row; None when lost. The row
+        read back carries the queue's concurrency cap (``cap``): a verdict that frees a slot
+        of a capped queue must wake a worker."""
         owned = self._jobs().filter(queue=queue, job_id=job_id, state=JobState.ACTIVE, token=token)
         if owned.update(lease_deadline=None, **fields) == 0:
             return None
+        cap = self._configs().filter(name=OuterRef("queue")).values("concurrency")[:1]
         return (
-            self._jobs().filter(queue=queue, job_id=job_id)
-            .values("id", "attempts", "max_attempts", "result_ttl", "waiters", "worker").get()
+            self._jobs().filter(queue=queue, job_id=job_id).annotate(cap=Subquery(cap))
+            .values("id", "attempts", "max_attempts", "result_ttl", "waiters", "worker",
+                    "has_successor", "cap").get()
         )  # fmt: skip
 
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
@@ -506,9 +974,15 @@ class DatabaseStorage(Storage):
             return AckOutcome.COMPLETED
 
     def _finished(self, row: Any, queue: str, job_id: str, kind: str, now: int) -> None:
+        """After a row reached a final state: its event, its waiters, a freed slot, and its
+        successor's release (in this same transaction)."""
         self._events([(row["id"], queue, job_id)], kind, now, row.get("worker", ""))
         if row["waiters"]:
             self._signal(f"d {queue} {job_id}")
+        if row.get("cap") is not None:
+            self._signal(f"w {queue}")
+        if row.get("has_successor"):
+            self._release_successor(queue, job_id, row["id"], now)
 
     def fail(
         self,
@@ -559,7 +1033,7 @@ class DatabaseStorage(Storage):
         if self.vendor == "postgresql":
             qs = qs.select_for_update()
         rows = {r.job_id: r for r in qs.only("id", "job_id", "state", "token", "result_ttl",
-                                              "waiters", "worker")}  # fmt: skip
+                                              "waiters", "worker", "has_successor")}  # fmt: skip
         out: dict[tuple[str, int], AckOutcome] = {}
         changed, waited = [], []
         for ack in acks:
@@ -586,10 +1060,9 @@ class DatabaseStorage(Storage):
                 )  # fmt: skip
             # Results differ per job: one statement, executed many times (pipelined by the
             # driver), is far cheaper than the ORM's CASE-per-row bulk_update.
-            table = connections[self.using].ops.quote_name(self.Job._meta.db_table)
             with connections[self.using].cursor() as cursor:
                 cursor.executemany(
-                    f"UPDATE {table} SET result = %s WHERE id = %s",  # noqa: S608 - table name
+                    f"UPDATE {self._table} SET result = %s WHERE id = %s",
                     [(row.result, row.pk) for row in changed],
                 )
             by_worker: dict[str, list[tuple[int, str, str]]] = {}
@@ -599,6 +1072,11 @@ class DatabaseStorage(Storage):
                 self._events(items, "completed", now, worker)
             for job_id in waited:
                 self._signal(f"d {queue} {job_id}")
+            if self._configs().filter(name=queue, concurrency__isnull=False).exists():
+                self._signal(f"w {queue}")  # slots were freed
+            for row in changed:
+                if row.has_successor:
+                    self._release_successor(queue, row.job_id, row.pk, now)
         return out
 
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
@@ -613,6 +1091,67 @@ class DatabaseStorage(Storage):
             self._signal(f"w {queue}")
             return AckOutcome.RELEASED
 
+    def postpone(
+        self, queue: str, job_id: str, token: int, delay_ms: int, *, queue_wide: bool = False
+    ) -> AckOutcome:
+        now = self._now()
+        with self._atomic():
+            due = now + max(delay_ms, 0)
+            row = self._take_lease(
+                queue, job_id, token, state=JobState.SCHEDULED, run_at=_dt(due),
+                attempts=F("attempts") - 1,
+            )  # fmt: skip
+            if row is None:
+                return AckOutcome.LEASE_LOST
+            self._events([(row["id"], queue, job_id)], "postponed", now, row["worker"])
+            if queue_wide:  # the latest deadline wins: a shorter one never cuts a longer one
+                self._configs().get_or_create(name=queue)
+                self._configs().filter(
+                    Q(postponed_until__isnull=True) | Q(postponed_until__lt=_dt(due)), name=queue
+                ).update(postponed_until=_dt(due))
+            if row["cap"] is not None:
+                self._signal(f"w {queue}")
+            return AckOutcome.POSTPONED
+
+    # -- singleton successors -------------------------------------------------------------------
+
+    def _release_successor(self, queue: str, job_id: str, finished_pk: int, now: int) -> None:
+        """The run ``finished_pk`` of ``job_id`` reached a final state: it keeps its row under
+        a reserved name (its waiters read it by primary key) and the blocked successor takes
+        the id, fresh (attempts and stalls 0, created now), in the successor's own order."""
+        token = self._jobs().filter(pk=finished_pk).values_list("token", flat=True).get()
+        self._jobs().filter(pk=finished_pk).update(
+            job_id=f"{job_id}{MARK}{finished_pk}", has_successor=False
+        )
+        successor = self._locked_row(queue, job_id + SUCCESSOR)
+        if successor is None:
+            return
+        due = _ms(successor.run_at) if successor.run_at is not None else now
+        state = JobState.SCHEDULED if due > now else JobState.QUEUED
+        # The token continues the finished run's: a verdict of that run is refused here.
+        self._jobs().filter(pk=successor.pk).update(
+            job_id=job_id, state=state, run_at=_dt(due) if due > now else None,
+            created_at=_dt(now), attempts=0, stalls=0, token=token,
+        )  # fmt: skip
+        self._events([(successor.pk, queue, job_id)], state.value, now)
+        if state is JobState.QUEUED:
+            self._signal(f"w {queue}")
+
+    def _cancel_successor(self, queue: str, job_id: str, parent_pk: int, now: int) -> int:
+        """Cancel the blocked successor of ``job_id`` (its record is kept under a reserved
+        name until its TTL); returns how many were cancelled (0 or 1)."""
+        self._jobs().filter(pk=parent_pk).update(has_successor=False)
+        successor = self._locked_row(queue, job_id + SUCCESSOR)
+        if successor is None:
+            return 0
+        row = {"id": successor.pk, "result_ttl": successor.result_ttl, "waiters": 0}
+        self._jobs().filter(pk=successor.pk).update(
+            job_id=f"{job_id}{MARK}{successor.pk}",
+            **self._finish_fields(row, JobState.CANCELLED, now),
+        )
+        self._events([(successor.pk, queue, job_id)], "cancelled", now)
+        return 1
+
     # -- management -------------------------------------------------------------------------
 
     def cancel(self, queue: str, job_id: str) -> CancelOutcome:
@@ -622,6 +1161,9 @@ class DatabaseStorage(Storage):
             existing = self._existing(queue, job_id, now)
             if existing is None:
                 return CancelOutcome.NOT_FOUND
+            if existing.has_successor:  # the successor is what waits: the run goes on
+                self._cancel_successor(queue, job_id, existing.pk, now)
+                return CancelOutcome.CANCELLED
             state = JobState(existing.state)
             if state is JobState.ACTIVE:
                 return CancelOutcome.ACTIVE
@@ -635,8 +1177,34 @@ class DatabaseStorage(Storage):
             self._finished(row, queue, job_id, "cancelled", now)
             return CancelOutcome.CANCELLED
 
+    def change(
+        self, queue: str, job_id: str, *, run_at: int | None = None, priority: int | None = None
+    ) -> ChangeOutcome:
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            row = self._existing(queue, job_id, now)
+            if row is None:
+                return ChangeOutcome.NOT_FOUND
+            state = JobState(row.state)
+            if state not in UPDATABLE_STATES:
+                successor = row.has_successor and self._locked_row(queue, job_id + SUCCESSOR)
+                if not successor:
+                    return ChangeOutcome(state.value)  # active, or a final state
+                row, state = successor, JobState.BLOCKED
+            fields: dict[str, Any] = {}
+            kind = None
+            if run_at is not None:
+                state, kind = self._retime(fields, state, run_at, now)
+            if priority is not None:
+                fields["priority"] = priority  # the order key stays: FIFO/LIFO place kept
+            if fields:
+                self._jobs().filter(pk=row.pk).update(**fields)
+            self._retimed(queue, row.pk, job_id, state, kind, now)
+            return ChangeOutcome.CHANGED
+
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
-        row = self._jobs().filter(queue=queue, job_id=job_id).first()
+        row = self._jobs().filter(queue=queue, job_id=job_id).order_by().first()
         if row is None or (row.expires_at is not None and _ms(row.expires_at) <= self._now()):
             return None
         return JobRecord(
@@ -659,15 +1227,36 @@ class DatabaseStorage(Storage):
             result=_bytes(row.result),
             error=_json_bytes(row.error),
             expires_at=_ms_or_none(row.expires_at),
+            lifo=row.lifo,
+            group=row.group or None,
+            dedup_key=row.dedup_key or None,
+            min_backoff=row.min_backoff,
+            max_backoff=row.max_backoff,
+            has_successor=row.has_successor,
         )
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
+        """Waits on the row the caller's enqueue joined (or, failing that, the row under
+        ``job_id`` when the wait starts), by primary key: a singleton successor that takes
+        over the id afterwards is another run, with an outcome of its own."""
+        with self._waited_lock:
+            pk = self._waited.pop((queue, job_id), None)
         deadline = time.monotonic() + timeout
+        fields = ("id", "state", "result", "error", "expires_at")
         while True:
             since = self._snapshot()
-            record = self.get_record(queue, job_id)
-            if record is not None and record.state in TERMINAL_STATES:
-                return FinalOutcome(record.state, record.result, record.error)
+            if pk is None:
+                row = self._jobs().filter(queue=queue, job_id=job_id).values(*fields).first()
+                pk = row["id"] if row is not None else None
+            else:
+                row = self._jobs().filter(pk=pk).values(*fields).first()
+            live = row is not None and (
+                row["expires_at"] is None or _ms(row["expires_at"]) > self._now()
+            )
+            if live and row["state"] in TERMINAL_STATES:
+                return FinalOutcome(
+                    JobState(row["state"]), _bytes(row["result"]), _json_bytes(row["error"])
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -686,7 +1275,7 @@ class DatabaseStorage(Storage):
             if self.vendor == "postgresql":
                 qs = qs.select_for_update(skip_locked=True)
             for row in qs.values("id", "job_id", "stalls", "max_stalls", "result_ttl",
-                                 "waiters")[:limit]:  # fmt: skip
+                                 "waiters", "has_successor")[:limit]:  # fmt: skip
                 row["worker"] = ""
                 if row["stalls"] + 1 > row["max_stalls"]:
                     fields = self._finish_fields(row, JobState.FAILED, now)
@@ -702,7 +1291,7 @@ class DatabaseStorage(Storage):
                     )  # fmt: skip
                     self._events([(row["id"], queue, row["job_id"])], "stalled", now)
                     report.requeued.append(row["job_id"])
-            if report.requeued:
+            if report.requeued or report.failed:  # work to do, or concurrency slots freed
                 self._signal(f"w {queue}")
             report.promoted = self._promote_due(queue, now, limit)
         return report
@@ -710,9 +1299,10 @@ class DatabaseStorage(Storage):
     def counts(self, queue: str) -> dict[JobState, int]:
         out = dict.fromkeys(
             (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING,
-             JobState.COMPLETED, JobState.FAILED), 0
+             JobState.BLOCKED, JobState.COMPLETED, JobState.FAILED), 0
         )  # fmt: skip
-        for row in self._jobs().filter(queue=queue).values("state").annotate(n=Count("id")):
+        rows = self._jobs().filter(queue=queue).order_by().values("state").annotate(n=Count("id"))
+        for row in rows:
             state = JobState(row["state"])
             if state in out:
                 out[state] = row["n"]
@@ -731,14 +1321,140 @@ class DatabaseStorage(Storage):
             )  # fmt: skip
             if rows or not block or time.monotonic() >= deadline:
                 return [
-                    Event(str(r["id"]), queue, r["job__job_id"], r["kind"], _ms(r["at"]),
-                          r["worker"] or None)
+                    Event(str(r["id"]), queue, _public_id(r["job__job_id"]), r["kind"],
+                          _ms(r["at"]), r["worker"] or None)
                     for r in rows
                 ]  # fmt: skip
             self._wait(deadline - time.monotonic(), since)
 
+    # -- queue control ----------------------------------------------------------------------
+
+    def pause(self, queue: str) -> None:
+        with self._atomic():
+            self._write_lock()
+            self._configs().get_or_create(name=queue)
+            self._configs().filter(name=queue).update(paused=True)
+
+    def resume(self, queue: str) -> None:
+        with self._atomic():
+            self._write_lock()
+            if self._configs().filter(name=queue, paused=True).update(paused=False):
+                self._signal(f"w {queue}")
+
+    def is_paused(self, queue: str) -> bool:
+        return self._configs().filter(name=queue, paused=True).exists()
+
+    def set_limits(self, queue: str, limits: QueueLimits) -> None:
+        with self._atomic():
+            self._write_lock()
+            self._configs().get_or_create(name=queue)
+            self._configs().filter(name=queue).update(
+                concurrency=limits.concurrency, rate_max=limits.rate_max,
+                rate_window=limits.rate_window, group_rate_max=limits.group_rate_max,
+                group_rate_window=limits.group_rate_window,
+            )  # fmt: skip
+            self._signal(f"w {queue}")  # a raised limit may make jobs claimable
+
+    def get_limits(self, queue: str) -> QueueLimits:
+        flow = self._flow(queue)
+        return QueueLimits(
+            rate_max=flow.rate_max, rate_window=flow.rate_window,
+            group_rate_max=flow.group_rate_max, group_rate_window=flow.group_rate_window,
+            concurrency=flow.concurrency,
+        )  # fmt: skip
+
+    def drain(self, queue: str, *, delayed: bool = True) -> int:
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            cancelled = 0
+            if delayed:  # successors first: their runs' own cancellation must not release them
+                parents = self._jobs().filter(queue=queue, has_successor=True)
+                for pk, job_id in parents.values_list("id", "job_id"):
+                    cancelled += self._cancel_successor(queue, job_id, pk, now)
+            states = [JobState.QUEUED, *(SCHEDULED_STATES if delayed else ())]
+            rows = list(
+                self._jobs().filter(queue=queue, state__in=states)
+                .values("id", "job_id", "result_ttl", "waiters", "has_successor")
+            )  # fmt: skip
+            by_ttl: dict[int, list[int]] = {}
+            for row in rows:
+                by_ttl.setdefault(row["result_ttl"], []).append(row["id"])
+            for ttl, pks in by_ttl.items():
+                for chunk in _chunks(pks):
+                    self._jobs().filter(pk__in=chunk).update(
+                        state=JobState.CANCELLED, finished_at=_dt(now), expires_at=_dt(now + ttl),
+                        lease_deadline=None, waiters=0,
+                    )  # fmt: skip
+            self._events([(r["id"], queue, r["job_id"]) for r in rows], "cancelled", now)
+            if any(r["waiters"] for r in rows):
+                self._signal(f"d {queue}")
+            for row in rows:  # a queued run with a successor (drained without ``delayed``)
+                if row["has_successor"]:
+                    self._release_successor(queue, row["job_id"], row["id"], now)
+            return cancelled + len(rows)
+
+    def clean(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> int:
+        final = [JobState(s) for s in states if JobState(s) in TERMINAL_STATES]
+        if not final or limit <= 0:
+            return 0
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            cutoff = _dt(now - older_than_ms)
+            doomed = self._jobs().filter(queue=queue, state__in=final, finished_at__lte=cutoff)
+            rows = list(
+                doomed.order_by("finished_at").values_list("id", "job_id", "expires_at")[:limit]
+            )
+            for chunk in _chunks([pk for pk, _, _ in rows]):
+                self._delete_rows(chunk)
+            # Rows get_record would not show (expired, or under a reserved name: see
+            # _records) go too, but are no record of their own to count.
+            return sum(
+                1 for _, job_id, expires in rows
+                if MARK not in job_id and (expires is None or _ms(expires) > now)
+            )  # fmt: skip
+
+    @staticmethod
+    def _records(rows: Any, now: int) -> Any:
+        """Of ``rows``, the job records ``get_record`` would show: not expired, and not a
+        successor or a replaced run under a reserved name (they count as no record of their
+        own, as in the other backends)."""
+        return rows.exclude(job_id__contains=MARK).exclude(expires_at__lte=_dt(now))
+
+    def _delete_rows(self, pks: Sequence[int]) -> None:
+        """Delete job rows and what hangs off them (events, the dedup keys they hold)."""
+        marks = ", ".join(["%s"] * len(pks))
+        for model, column in ((self.JobEvent, "job_id"), (self.DedupKey, "job_id")):
+            self._sql(
+                f"DELETE FROM {self._quoted(model)} WHERE {column} IN ({marks})", pks, fetch=False
+            )
+        self._sql(f"DELETE FROM {self._table} WHERE id IN ({marks})", pks, fetch=False)
+
+    def obliterate(self, queue: str, *, force: bool = False) -> int:
+        with self._atomic():
+            self._write_lock()
+            if self.vendor == "postgresql":  # no claim may start while the queue goes
+                self._configs().select_for_update().filter(name=queue).first()
+            if not force and self._jobs().filter(queue=queue, state=JobState.ACTIVE).exists():
+                raise QueueBusy(f"queue {queue} has active jobs (force=True deletes them too)")
+            for model in (self.JobEvent, self.DedupKey, self.ClaimLog):
+                self._sql(
+                    f"DELETE FROM {self._quoted(model)} WHERE queue = %s", [queue], fetch=False
+                )
+            removed = self._records(self._jobs().filter(queue=queue), self._now()).count()
+            self._sql(f"DELETE FROM {self._table} WHERE queue = %s", [queue], fetch=False)
+            self._configs().filter(name=queue).delete()
+            return removed
+
     def register_queue(self, queue: str) -> None:
-        qs = self.QueueConfig.objects.using(self.using)
+        qs = self._configs()
         if qs.filter(name=queue).exists():  # the common case: no write, no write lock
             return
         with self._atomic():
@@ -746,8 +1462,7 @@ class DatabaseStorage(Storage):
             qs.get_or_create(name=queue)
 
     def list_queues(self) -> list[str]:
-        names = self.QueueConfig.objects.using(self.using).values_list("name", flat=True)
-        return sorted(names)
+        return sorted(self._configs().values_list("name", flat=True))
 
     # -- worker registry --------------------------------------------------------------------
 

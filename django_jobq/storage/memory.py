@@ -2,7 +2,9 @@
 
 One lock guards everything, so each method is trivially one atomic step. Heaps use lazy
 deletion: a cancelled or re-indexed job leaves a stale entry that is skipped when popped, which
-keeps cancel O(log n) without a sorted-set implementation.
+keeps cancel O(log n) without a sorted-set implementation. Entries carry a version drawn from one
+counter for the whole storage, so a stale entry can never match a later record of the same id
+(a singleton successor, or an id used again after its record expired).
 """
 
 from __future__ import annotations
@@ -13,24 +15,33 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..errors import QueueBusy
 from ..job import (
     AckOutcome,
     CancelOutcome,
+    ChangeOutcome,
     ClaimedJob,
+    DedupMode,
     EnqueueOutcome,
     Event,
     FinalOutcome,
     JobOptions,
     JobRecord,
     NewJob,
+    QueueLimits,
+    RunAtUpdate,
     StoredEnqueue,
 )
 from ..states import TERMINAL_STATES, JobState
 from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 
-PRIORITY_SHIFT = 2**42  # same ordering rule as the Redis backend: (priority, sequence)
+# Jobs a claim may look at (and, for groups over budget, move to scheduled) before it gives up,
+# so that one claim's time stays bounded however many jobs wait behind a busy group.
+CLAIM_SCAN_LIMIT = 1000
+WAITING = (JobState.SCHEDULED, JobState.QUEUED, JobState.RETRYING)
+STALLED_ERROR = b'{"type":"Stalled","message":"lease expired too many times"}'
 
 
 @dataclass(slots=True)
@@ -40,7 +51,12 @@ class _Rec:
     options: JobOptions
     content_type: str
     created_at: int
-    seq: int
+    # Place among queued jobs of one priority, fixed at enqueue: LIFO jobs (tier 0, newest
+    # first) before FIFO jobs (tier 1, oldest first).
+    order: tuple[int, int]
+    lifo: bool = False
+    group: str | None = None
+    dedup_key: str | None = None
     state: JobState = JobState.QUEUED
     attempts: int = 0
     stalls: int = 0
@@ -53,18 +69,35 @@ class _Rec:
     result: bytes | None = None
     error: bytes | None = None
     expires_at: int | None = None
-    version: int = 0  # bumped on each re-index; stale heap entries carry an older one
+    version: int = 0  # set on each re-index; stale heap entries carry an older one
+    successor: _Rec | None = None  # blocked singleton run of this id (its run_at: due time)
+
+
+@dataclass(slots=True)
+class _Key:
+    """A dedup key and the record holding it; the key is free once that record is gone."""
+
+    rec: _Rec
+    mode: DedupMode
+    until: int | None  # held while now < until (None: until the holder finishes)
 
 
 @dataclass(slots=True)
 class _Queue:
     jobs: dict[str, _Rec] = field(default_factory=dict)
-    queued: list[tuple[int, int, str]] = field(default_factory=list)  # (score, version, id)
+    # (priority, tier, order, version, id)
+    queued: list[tuple[int, int, int, int, str]] = field(default_factory=list)
     scheduled: list[tuple[int, int, str]] = field(default_factory=list)  # (run_at, version, id)
     active: dict[str, _Rec] = field(default_factory=dict)
     events: deque = field(default_factory=lambda: deque(maxlen=10_000))
     seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     finished: dict[str, int] = field(default_factory=lambda: {"completed": 0, "failed": 0})
+    keys: dict[str, _Key] = field(default_factory=dict)
+    paused: bool = False
+    hold_until: int = 0  # queue-wide postponement: no claims before this time
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    claims: deque = field(default_factory=deque)  # claim times within the rate window
+    group_claims: dict[str, deque] = field(default_factory=dict)
 
 
 class MemoryStorage(Storage):
@@ -77,6 +110,7 @@ class MemoryStorage(Storage):
         self._queues: dict[str, _Queue] = {}
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
         self._event_seq = itertools.count(1)
+        self._versions = itertools.count(1)
         self._interrupted: dict[str, bool] = {}
 
     # -- helpers ----------------------------------------------------------------------------
@@ -90,30 +124,72 @@ class MemoryStorage(Storage):
             q = self._queues[name] = _Queue(events=deque(maxlen=self._events_maxlen))
         return q
 
+    def _peek(self, name: str) -> _Queue:
+        """The queue, or an empty stand-in that is not stored: reads and refused writes must
+        not bring a queue into existence (``list_queues``, ``obliterate``)."""
+        return self._queues.get(name) or _Queue()
+
     def _event(self, queue: str, q: _Queue, rec: _Rec, kind: str, now: int) -> None:
         event_id = f"{now}-{next(self._event_seq)}"
         q.events.append(Event(event_id, queue, rec.job_id, kind, now, rec.worker))
 
     def _index_queued(self, q: _Queue, rec: _Rec) -> None:
         rec.state = JobState.QUEUED
-        rec.version += 1
-        score = rec.options.priority * PRIORITY_SHIFT + rec.seq
-        heapq.heappush(q.queued, (score, rec.version, rec.job_id))
+        rec.version = next(self._versions)
+        tier, order = rec.order
+        heapq.heappush(q.queued, (rec.options.priority, tier, order, rec.version, rec.job_id))
 
     def _index_scheduled(self, q: _Queue, rec: _Rec, state: JobState, run_at: int) -> None:
         rec.state = state
         rec.run_at = run_at
-        rec.version += 1
+        rec.version = next(self._versions)
         heapq.heappush(q.scheduled, (run_at, rec.version, rec.job_id))
+
+    def _due_at(self, q: _Queue, rec: _Rec, due: int, now: int) -> None:
+        """Give a waiting job a new due time: queued when due, else scheduled (a retrying job
+        stays retrying). A queued job keeps its order key, so it keeps its place."""
+        if due <= now:
+            self._index_queued(q, rec)
+            self._cond.notify_all()
+        else:
+            state = JobState.RETRYING if rec.state is JobState.RETRYING else JobState.SCHEDULED
+            self._index_scheduled(q, rec, state, due)
 
     def _finish(self, q: _Queue, rec: _Rec, state: JobState, now: int) -> None:
         rec.state = state
         rec.finished_at = now
         rec.expires_at = now + rec.options.result_ttl
-        rec.version += 1
+        rec.version = next(self._versions)
         q.active.pop(rec.job_id, None)
         if state in (JobState.COMPLETED, JobState.FAILED):
             q.finished[state.value] += 1
+
+    def _end_run(self, queue: str, q: _Queue, rec: _Rec, state: JobState, now: int) -> None:
+        """An active run reached a final state: record it, tell waiters, and let a blocked
+        singleton successor take over the id in the same step."""
+        self._finish(q, rec, state, now)
+        self._event(queue, q, rec, state.value, now)
+        succ = rec.successor
+        if succ is not None:
+            rec.successor = None
+            succ.created_at = now
+            succ.token = rec.token  # fencing goes on: the old run's token never fits the new run
+            q.jobs[succ.job_id] = succ
+            self._due_at(q, succ, succ.run_at or 0, now)
+            self._event(queue, q, succ, succ.state.value, now)
+        self._cond.notify_all()
+
+    def _cancel(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
+        self._finish(q, rec, JobState.CANCELLED, now)
+        self._event(queue, q, rec, "cancelled", now)
+
+    def _cancel_successor(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
+        succ = rec.successor
+        assert succ is not None
+        rec.successor = None
+        succ.state = JobState.CANCELLED
+        succ.finished_at = now
+        self._event(queue, q, succ, "cancelled", now)
 
     def _live(self, q: _Queue, job_id: str, now: int) -> _Rec | None:
         rec = q.jobs.get(job_id)
@@ -145,7 +221,82 @@ class MemoryStorage(Storage):
             heapq.heappop(q.scheduled)
         return None
 
+    @staticmethod
+    def _window(claims: deque, window: int, now: int) -> deque:
+        """Drop claim times that left the sliding window ending now (a claim at ``t`` counts
+        while ``now < t + window``)."""
+        while claims and claims[0] <= now - window:
+            claims.popleft()
+        return claims
+
+    def _rate_free_in(self, q: _Queue, now: int) -> int | None:
+        """Ms until the queue's rate budget has room again, or None when it has room now."""
+        lim = q.limits
+        if lim.rate_max is None or lim.rate_window is None:
+            return None
+        claims = self._window(q.claims, lim.rate_window, now)
+        if len(claims) < lim.rate_max:
+            return None
+        return claims[0] + lim.rate_window - now
+
+    def _blocked_from_claiming(self, q: _Queue, now: int) -> bool:
+        lim = q.limits
+        return (
+            q.paused
+            or q.hold_until > now
+            or (lim.concurrency is not None and len(q.active) >= lim.concurrency)
+            or self._rate_free_in(q, now) is not None
+        )
+
     # -- producer ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _due(job: NewJob, now: int) -> int:
+        due = max(job.run_at or 0, now + job.delay)
+        if job.dedup is not None and job.dedup.mode is DedupMode.DEBOUNCE and job.dedup.ttl:
+            due = max(due, now + job.dedup.ttl)
+        return due
+
+    def _new_rec(self, q: _Queue, job: NewJob, now: int) -> _Rec:
+        seq = next(q.seq)
+        return _Rec(
+            job.job_id, job.payload, job.options, job.content_type, now,
+            (0, -seq) if job.lifo else (1, seq),
+            lifo=job.lifo, group=job.group,
+        )  # fmt: skip
+
+    @staticmethod
+    def _apply_update(
+        rec: _Rec, job: NewJob, current_due: int, new_due: int
+    ) -> tuple[bool, int | None]:
+        """Write into ``rec`` what ``job.update`` changes, except its due time. Returns whether
+        anything changes at all (else the enqueue is a plain duplicate) and the due time to
+        move the job to (None: keep it). ``current_due`` is the job's due time, now for a
+        queued one."""
+        update = job.update
+        assert update is not None
+        changed = False
+        if update.data and (rec.payload != job.payload or rec.content_type != job.content_type):
+            rec.payload, rec.content_type = job.payload, job.content_type
+            changed = True
+        opts, new = rec.options, job.options
+        if update.max_attempts and opts.max_attempts != new.max_attempts:
+            rec.options = opts = replace(opts, max_attempts=new.max_attempts)
+            changed = True
+        backoff = (new.min_backoff, new.max_backoff)
+        if update.backoff and (opts.min_backoff, opts.max_backoff) != backoff:
+            rec.options = replace(opts, min_backoff=backoff[0], max_backoff=backoff[1])
+            changed = True
+        if update.reset_counts and (rec.attempts or rec.stalls):
+            rec.attempts = rec.stalls = 0
+            changed = True
+        move = {
+            RunAtUpdate.NO: False,
+            RunAtUpdate.YES: new_due != current_due,
+            RunAtUpdate.IF_LATER: new_due > current_due,
+            RunAtUpdate.IF_EARLIER: new_due < current_due,
+        }[update.run_at]
+        return changed or move, new_due if move else None
 
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
         with self._cond:
@@ -153,61 +304,144 @@ class MemoryStorage(Storage):
             q = self._q(queue)
             rec = self._live(q, job.job_id, now)
             if rec is not None:
-                outcome = (
-                    EnqueueOutcome.COMPLETED
-                    if rec.state is JobState.COMPLETED
-                    else EnqueueOutcome.DUPLICATE
-                )
-                return StoredEnqueue(outcome, job.job_id, rec.state, rec.result, rec.error)
-            rec = _Rec(job.job_id, job.payload, job.options, job.content_type, now, next(q.seq))
+                return self._enqueue_existing(queue, q, rec, job, now)
+            if job.dedup is not None:
+                key = q.keys.get(job.dedup.key)
+                if key is not None and self._held(q, key, now):
+                    holder = key.rec
+                    if key.mode is not DedupMode.DEBOUNCE:
+                        return StoredEnqueue(
+                            EnqueueOutcome.DUPLICATE, holder.job_id, holder.state,
+                            holder.result, holder.error,
+                        )  # fmt: skip
+                    if holder.state in WAITING:
+                        holder.payload, holder.content_type = job.payload, job.content_type
+                        self._due_at(q, holder, self._due(job, now), now)
+                        key.until = now + (job.dedup.ttl or 0)
+                        self._event(queue, q, holder, holder.state.value, now)
+                        return StoredEnqueue(EnqueueOutcome.UPDATED, holder.job_id, holder.state)
+                    # A debounce holder that runs or finished: this repeat is a new job.
+            rec = self._new_rec(q, job, now)
             q.jobs[job.job_id] = rec
-            due = max(job.run_at or 0, now + job.delay)
-            if due > now:
-                self._index_scheduled(q, rec, JobState.SCHEDULED, due)
-            else:
-                self._index_queued(q, rec)
-                self._cond.notify_all()
+            if job.dedup is not None:
+                rec.dedup_key = job.dedup.key
+                until = None if job.dedup.ttl is None else now + job.dedup.ttl
+                q.keys[job.dedup.key] = _Key(rec, job.dedup.mode, until)
+            self._due_at(q, rec, self._due(job, now), now)
             self._event(queue, q, rec, rec.state.value, now)
             return StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, rec.state)
+
+    def _enqueue_existing(
+        self, queue: str, q: _Queue, rec: _Rec, job: NewJob, now: int
+    ) -> StoredEnqueue:
+        if rec.state is JobState.COMPLETED:
+            return StoredEnqueue(EnqueueOutcome.COMPLETED, rec.job_id, rec.state, rec.result)
+        if rec.state in WAITING and job.update is not None:
+            current = now if rec.state is JobState.QUEUED else (rec.run_at or now)
+            changed, due = self._apply_update(rec, job, current, self._due(job, now))
+            if changed:
+                if due is not None:
+                    self._due_at(q, rec, due, now)
+                self._event(queue, q, rec, rec.state.value, now)
+                return StoredEnqueue(EnqueueOutcome.UPDATED, rec.job_id, rec.state)
+        elif rec.state is JobState.ACTIVE and job.singleton:
+            succ = rec.successor
+            if succ is None:
+                succ = rec.successor = self._new_rec(q, job, now)
+                succ.state = JobState.BLOCKED
+                succ.run_at = self._due(job, now)
+                self._event(queue, q, succ, "blocked", now)
+                return StoredEnqueue(EnqueueOutcome.QUEUED, rec.job_id, JobState.BLOCKED)
+            if job.update is not None:
+                current = max(succ.run_at or now, now)
+                changed, due = self._apply_update(succ, job, current, self._due(job, now))
+                if due is not None:
+                    succ.run_at = due
+                if changed:
+                    self._event(queue, q, succ, "blocked", now)
+                    return StoredEnqueue(EnqueueOutcome.UPDATED, rec.job_id, JobState.BLOCKED)
+            return StoredEnqueue(EnqueueOutcome.DUPLICATE, rec.job_id, JobState.BLOCKED)
+        return StoredEnqueue(EnqueueOutcome.DUPLICATE, rec.job_id, rec.state, None, rec.error)
+
+    def _held(self, q: _Queue, key: _Key, now: int) -> bool:
+        holder = key.rec
+        if self._live(q, holder.job_id, now) is not holder:
+            return False  # expired, cleaned, replaced or obliterated: the key is free
+        if key.until is not None and now >= key.until:
+            return False
+        return key.mode is not DedupMode.SIMPLE or holder.state not in TERMINAL_STATES
 
     # -- worker -----------------------------------------------------------------------------
 
     def claim(self, queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             self._promote_due(queue, q, now, 1000)
             batch = ClaimBatch()
-            while q.queued and len(batch.jobs) < count:
-                _, version, job_id = heapq.heappop(q.queued)
+            if q.paused:
+                return batch
+            if q.hold_until > now:
+                batch.next_due_in = q.hold_until - now
+                return batch
+            lim = q.limits
+            budget = count
+            if lim.concurrency is not None:
+                budget = min(budget, lim.concurrency - len(q.active))
+                if budget <= 0:
+                    return batch  # the verdict that frees a slot wakes a worker
+            rate_limited = lim.rate_max is not None and lim.rate_window is not None
+            if rate_limited:
+                free_in = self._rate_free_in(q, now)
+                if free_in is not None:
+                    batch.next_due_in = free_in
+                    return batch
+                budget = min(budget, lim.rate_max - len(q.claims))  # type: ignore[operator]
+            group_max, group_window = lim.group_rate_max, lim.group_rate_window
+            looked = 0
+            while q.queued and len(batch.jobs) < budget and looked < CLAIM_SCAN_LIMIT:
+                *_, version, job_id = heapq.heappop(q.queued)
                 rec = q.jobs.get(job_id)
                 if rec is None or rec.version != version or rec.state is not JobState.QUEUED:
                     continue
-                rec.state = JobState.ACTIVE
-                rec.attempts += 1
-                rec.token += 1
-                rec.started_at = now
-                rec.deadline = now + lease_ms
-                rec.worker = worker_id
-                rec.version += 1
-                q.active[job_id] = rec
-                self._event(queue, q, rec, "active", now)
-                batch.jobs.append(
-                    ClaimedJob(
-                        queue,
-                        job_id,
-                        rec.payload,
-                        rec.token,
-                        rec.attempts,
-                        rec.options.max_attempts,
-                        rec.options.min_backoff,
-                        rec.options.max_backoff,
-                        rec.content_type,
-                    )
-                )
-            due = self._next_due(q)
-            batch.next_due_in = None if due is None else max(due - now, 0)
+                looked += 1
+                if rec.group is not None and group_max is not None and group_window is not None:
+                    window = q.group_claims.setdefault(rec.group, deque())
+                    if len(self._window(window, group_window, now)) >= group_max:
+                        self._index_scheduled(q, rec, JobState.SCHEDULED, window[0] + group_window)
+                        self._event(queue, q, rec, "scheduled", now)
+                        continue
+                    window.append(now)
+                if rate_limited:
+                    q.claims.append(now)
+                batch.jobs.append(self._lease(queue, q, rec, worker_id, now, lease_ms))
+            free_in = self._rate_free_in(q, now) if rate_limited else None
+            if free_in is not None:
+                batch.next_due_in = free_in
+            elif lim.concurrency is None or len(q.active) < lim.concurrency:
+                due = self._next_due(q)
+                batch.next_due_in = None if due is None else max(due - now, 0)
+            for name in [g for g, w in q.group_claims.items() if not w]:
+                del q.group_claims[name]  # groups with no claim in their window
             return batch
+
+    def _lease(
+        self, queue: str, q: _Queue, rec: _Rec, worker_id: str, now: int, lease_ms: int
+    ) -> ClaimedJob:
+        rec.state = JobState.ACTIVE
+        rec.attempts += 1
+        rec.token += 1
+        rec.started_at = now
+        rec.deadline = now + lease_ms
+        rec.worker = worker_id
+        rec.version = next(self._versions)
+        q.active[rec.job_id] = rec
+        self._event(queue, q, rec, "active", now)
+        o = rec.options
+        return ClaimedJob(
+            queue, rec.job_id, rec.payload, rec.token, rec.attempts, o.max_attempts,
+            o.min_backoff, o.max_backoff, rec.content_type,
+        )  # fmt: skip
 
     def wait_for_jobs(
         self, queues: Sequence[str], timeout: float, worker_id: str | None = None
@@ -215,8 +449,11 @@ class MemoryStorage(Storage):
         with self._cond:
             if worker_id is not None and self._interrupted.pop(worker_id, False):
                 return
-            if any(self._q(name).queued for name in queues):
-                return
+            now = self._now()
+            for name in queues:
+                q = self._peek(name)
+                if q.queued and not self._blocked_from_claiming(q, now):
+                    return
             self._cond.wait(timeout)
             if worker_id is not None:
                 self._interrupted.pop(worker_id, None)
@@ -237,7 +474,7 @@ class MemoryStorage(Storage):
     ) -> list[tuple[str, int]]:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             lost = []
             for job_id, token in leases:
                 rec = self._owned(q, job_id, token)
@@ -250,14 +487,12 @@ class MemoryStorage(Storage):
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             rec = self._owned(q, job_id, token)
             if rec is None:
                 return AckOutcome.LEASE_LOST
             rec.result = result
-            self._finish(q, rec, JobState.COMPLETED, now)
-            self._event(queue, q, rec, "completed", now)
-            self._cond.notify_all()
+            self._end_run(queue, q, rec, JobState.COMPLETED, now)
             return AckOutcome.COMPLETED
 
     def fail(
@@ -272,15 +507,13 @@ class MemoryStorage(Storage):
     ) -> AckOutcome:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             rec = self._owned(q, job_id, token)
             if rec is None:
                 return AckOutcome.LEASE_LOST
             rec.error = error
             if permanent or rec.attempts >= rec.options.max_attempts:
-                self._finish(q, rec, JobState.FAILED, now)
-                self._event(queue, q, rec, "failed", now)
-                self._cond.notify_all()
+                self._end_run(queue, q, rec, JobState.FAILED, now)
                 return AckOutcome.FAILED
             q.active.pop(job_id, None)
             due = now + (retry_in or 0)
@@ -292,7 +525,7 @@ class MemoryStorage(Storage):
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             rec = self._owned(q, job_id, token)
             if rec is None:
                 return AckOutcome.LEASE_LOST
@@ -303,27 +536,76 @@ class MemoryStorage(Storage):
             self._cond.notify_all()
             return AckOutcome.RELEASED
 
+    def postpone(
+        self, queue: str, job_id: str, token: int, delay_ms: int, *, queue_wide: bool = False
+    ) -> AckOutcome:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            rec = self._owned(q, job_id, token)
+            if rec is None:
+                return AckOutcome.LEASE_LOST
+            q.active.pop(job_id, None)
+            rec.attempts -= 1  # rate limited before doing its work: it costs no attempt
+            self._index_scheduled(q, rec, JobState.SCHEDULED, now + delay_ms)
+            if queue_wide:
+                # The latest deadline holds: an earlier one must not cut a longer wait short.
+                q.hold_until = max(q.hold_until, now + delay_ms)
+            self._event(queue, q, rec, "postponed", now)
+            self._cond.notify_all()  # a freed concurrency slot
+            return AckOutcome.POSTPONED
+
     # -- management -------------------------------------------------------------------------
 
     def cancel(self, queue: str, job_id: str) -> CancelOutcome:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             rec = self._live(q, job_id, now)
             if rec is None:
                 return CancelOutcome.NOT_FOUND
+            if rec.successor is not None:
+                self._cancel_successor(queue, q, rec, now)
+                return CancelOutcome.CANCELLED
             if rec.state is JobState.ACTIVE:
                 return CancelOutcome.ACTIVE
             if rec.state in TERMINAL_STATES:
                 return CancelOutcome(rec.state.value)
-            self._finish(q, rec, JobState.CANCELLED, now)
-            self._event(queue, q, rec, "cancelled", now)
+            self._cancel(queue, q, rec, now)
             self._cond.notify_all()
             return CancelOutcome.CANCELLED
 
+    def change(
+        self, queue: str, job_id: str, *, run_at: int | None = None, priority: int | None = None
+    ) -> ChangeOutcome:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            rec = self._live(q, job_id, now)
+            if rec is None:
+                return ChangeOutcome.NOT_FOUND
+            if rec.state not in WAITING:
+                succ = rec.successor
+                if succ is None:
+                    return ChangeOutcome(rec.state.value)
+                if priority is not None:
+                    succ.options = replace(succ.options, priority=priority)
+                if run_at is not None:
+                    succ.run_at = run_at
+                self._event(queue, q, succ, "blocked", now)
+                return ChangeOutcome.CHANGED
+            if priority is not None:
+                rec.options = replace(rec.options, priority=priority)
+            if run_at is not None:
+                self._due_at(q, rec, run_at, now)
+            elif rec.state is JobState.QUEUED:
+                self._index_queued(q, rec)  # the new priority, the same order key
+            self._event(queue, q, rec, rec.state.value, now)
+            return ChangeOutcome.CHANGED
+
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         with self._cond:
-            rec = self._live(self._q(queue), job_id, self._now())
+            rec = self._live(self._peek(queue), job_id, self._now())
             return None if rec is None else self._record(queue, rec)
 
     @staticmethod
@@ -349,13 +631,23 @@ class MemoryStorage(Storage):
             result=rec.result,
             error=rec.error,
             expires_at=rec.expires_at,
+            lifo=rec.lifo,
+            group=rec.group,
+            dedup_key=rec.dedup_key,
+            min_backoff=o.min_backoff,
+            max_backoff=o.max_backoff,
+            has_successor=rec.successor is not None,
         )
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
         deadline = time.monotonic() + timeout
         with self._cond:
+            # Hold the record itself: a singleton successor may take over the id, and this
+            # caller waits for the run it joined.
+            rec = self._peek(queue).jobs.get(job_id)
             while True:
-                rec = self._q(queue).jobs.get(job_id)
+                if rec is None:
+                    rec = self._peek(queue).jobs.get(job_id)
                 if rec is not None and rec.state in TERMINAL_STATES:
                     return FinalOutcome(rec.state, rec.result, rec.error)
                 remaining = deadline - time.monotonic()
@@ -366,15 +658,14 @@ class MemoryStorage(Storage):
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         with self._cond:
             now = self._now()
-            q = self._q(queue)
+            q = self._peek(queue)
             report = ReapReport()
             expired = [r for r in q.active.values() if r.deadline <= now][:limit]
             for rec in expired:
                 rec.stalls += 1
                 if rec.stalls > rec.options.max_stalls:
-                    rec.error = b'{"type":"Stalled","message":"lease expired too many times"}'
-                    self._finish(q, rec, JobState.FAILED, now)
-                    self._event(queue, q, rec, "failed", now)
+                    rec.error = STALLED_ERROR
+                    self._end_run(queue, q, rec, JobState.FAILED, now)
                     report.failed.append(rec.job_id)
                 else:
                     q.active.pop(rec.job_id, None)
@@ -386,19 +677,26 @@ class MemoryStorage(Storage):
             for job_id in [j for j, r in q.jobs.items() if r.expires_at and r.expires_at <= now]:
                 del q.jobs[job_id]
                 report.expired += 1
+            for name in [k for k, key in q.keys.items() if not self._held(q, key, now)]:
+                del q.keys[name]
             if expired:
                 self._cond.notify_all()
             return report
 
     def counts(self, queue: str) -> dict[JobState, int]:
         with self._cond:
-            q = self._q(queue)
-            out = dict.fromkeys(
-                (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING), 0
-            )
+            q = self._peek(queue)
+            now = self._now()
+            live = (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING)
+            out = dict.fromkeys(live, 0)
+            out[JobState.BLOCKED] = 0
             for rec in q.jobs.values():
+                if rec.expires_at is not None and rec.expires_at <= now:
+                    continue
                 if rec.state in out:
                     out[rec.state] += 1
+                if rec.successor is not None:
+                    out[JobState.BLOCKED] += 1
             out[JobState.COMPLETED] = q.finished["completed"]
             out[JobState.FAILED] = q.finished["failed"]
             return out
@@ -414,11 +712,94 @@ class MemoryStorage(Storage):
         deadline = time.monotonic() + (block or 0)
         with self._cond:
             while True:
-                events = [e for e in self._q(queue).events if key(e.id) > floor][:count]
+                events = [e for e in self._peek(queue).events if key(e.id) > floor][:count]
                 remaining = deadline - time.monotonic()
                 if events or not block or remaining <= 0:
                     return events
                 self._cond.wait(remaining)
+
+    # -- queue control ----------------------------------------------------------------------
+
+    def pause(self, queue: str) -> None:
+        with self._cond:
+            self._q(queue).paused = True
+
+    def resume(self, queue: str) -> None:
+        with self._cond:
+            q = self._queues.get(queue)
+            if q is not None:
+                q.paused = False
+            self._cond.notify_all()
+
+    def is_paused(self, queue: str) -> bool:
+        with self._cond:
+            return self._peek(queue).paused
+
+    def set_limits(self, queue: str, limits: QueueLimits) -> None:
+        with self._cond:
+            self._q(queue).limits = limits
+            self._cond.notify_all()
+
+    def get_limits(self, queue: str) -> QueueLimits:
+        with self._cond:
+            return self._peek(queue).limits
+
+    def drain(self, queue: str, *, delayed: bool = True) -> int:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            states = WAITING if delayed else (JobState.QUEUED,)
+            cancelled = 0
+            for rec in list(q.jobs.values()):
+                if rec.expires_at is not None and rec.expires_at <= now:
+                    continue
+                if rec.state in states:
+                    self._cancel(queue, q, rec, now)
+                    cancelled += 1
+                # A drained run's successor goes with it: no run of a drained id survives.
+                if rec.successor is not None and (delayed or rec.state is JobState.CANCELLED):
+                    self._cancel_successor(queue, q, rec, now)
+                    cancelled += 1
+            if cancelled:
+                self._cond.notify_all()
+            return cancelled
+
+    def clean(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> int:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            wanted = {JobState(s) for s in states} & TERMINAL_STATES
+            cutoff = now - older_than_ms
+            doomed = [
+                job_id
+                for job_id, rec in q.jobs.items()
+                if rec.state in wanted
+                and rec.finished_at is not None
+                and rec.finished_at <= cutoff
+                and not (rec.expires_at is not None and rec.expires_at <= now)
+            ][:limit]
+            for job_id in doomed:
+                del q.jobs[job_id]
+            return len(doomed)
+
+    def obliterate(self, queue: str, *, force: bool = False) -> int:
+        with self._cond:
+            now = self._now()
+            q = self._queues.get(queue)
+            if q is None:
+                return 0
+            if q.active and not force:
+                raise QueueBusy(f"queue {queue!r} has {len(q.active)} active job(s)")
+            removed = sum(1 for r in q.jobs.values() if r.expires_at is None or r.expires_at > now)
+            del self._queues[queue]
+            self._cond.notify_all()
+            return removed
 
     def register_queue(self, queue: str) -> None:
         with self._cond:

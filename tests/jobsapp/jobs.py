@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from django_jobq import PermanentError, handler
+from django_jobq import PermanentError, RateLimited, handler
 from django_jobq.celery_compat import celery_task
 
 
@@ -22,6 +22,23 @@ def slow(job):
         with Path(ledger).open("a") as fh:
             fh.write(f"{job.id} {os.getpid()}\n")
     return job.id
+
+
+@handler("tests-ledger")
+def ledger(job):
+    """Appends "start" and "end" lines (id, pid, epoch seconds) around a sleep of
+    payload["seconds"]: the flow-control tests check overlaps and rates from them. With
+    payload["limited_once"] the first run of each job says "rate limited, retry in 0.2 s"."""
+    path = Path(job.payload["ledger"])
+    if job.payload.get("limited_once") and not (path.parent / f"limited-{job.id}").exists():
+        (path.parent / f"limited-{job.id}").touch()
+        raise RateLimited(0.2)
+    with path.open("a") as fh:
+        fh.write(f"start {job.id} {os.getpid()} {time.time():.6f} {job.attempt}\n")
+    time.sleep(job.payload.get("seconds", 0))
+    with path.open("a") as fh:
+        fh.write(f"end {job.id} {os.getpid()} {time.time():.6f} {job.attempt}\n")
+    return job.payload.get("n")
 
 
 @handler("tests-fail")

@@ -36,7 +36,34 @@ class QueueKeys:
         return self.done_prefix + job_id
 
     @property
-    def queued(self) -> str:  # ZSET id -> priority * 2**42 + sequence
+    def succ_prefix(self) -> str:
+        return f"{self.tag}:succ:"
+
+    def succ(self, job_id: str) -> str:
+        """HASH: the blocked singleton successor of ``job_id`` (its payload, options, due time
+        and order key), waiting for the record under that id to finish."""
+        return self.succ_prefix + job_id
+
+    @property
+    def dedup_prefix(self) -> str:
+        return f"{self.tag}:dedup:"
+
+    def dedup(self, key: str) -> str:
+        """STRING ``"<deadline ms>:<holder id>"``: the job holding dedup ``key`` and, for a
+        key with a TTL, when it frees (0: when the holder finishes). A PX TTL past the deadline
+        only collects it. Dedup keys are validated like job ids, so they stay inside the tag."""
+        return self.dedup_prefix + key
+
+    @property
+    def group_rate_prefix(self) -> str:
+        return f"{self.tag}:grate:"
+
+    def group_rate(self, group: str) -> str:
+        """ZSET of one rate-limit group's claims (member id:token -> claim time ms)."""
+        return self.group_rate_prefix + group
+
+    @property
+    def queued(self) -> str:  # ZSET id -> order score (see queued_score in common.lua)
         return f"{self.tag}:queued"
 
     @property
@@ -65,6 +92,33 @@ class QueueKeys:
     @property
     def stats(self) -> str:  # HASH of counters: completed, failed, retrying
         return f"{self.tag}:stats"
+
+    @property
+    def blocked(self) -> str:  # SET of ids that have a blocked singleton successor
+        return f"{self.tag}:blocked"
+
+    @property
+    def config(self) -> str:
+        """HASH of flow control read by every claim: paused, until (queue-wide postponement,
+        ms) and the limits (rate_max, rate_window, group_rate_max, group_rate_window,
+        concurrency); an absent field means no limit."""
+        return f"{self.tag}:config"
+
+    @property
+    def rate(self) -> str:  # ZSET of the queue's claims (member id:token -> claim time ms)
+        return f"{self.tag}:rate"
+
+    @property
+    def capped(self) -> str:
+        """STRING flag: a claim stopped at the concurrency cap with jobs left, so the next
+        verdict that frees a slot must wake a worker (idle workers then wait without timeout
+        hints)."""
+        return f"{self.tag}:capped"
+
+    @property
+    def everything(self) -> str:
+        """Glob pattern (hash tag escaped) of every key of the queue, for obliterate's SCAN."""
+        return "".join("\\" + c if c in "*?[]\\" else c for c in self.tag) + ":*"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,18 +8,22 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ...errors import QueueBusy
 from ...job import (
     AckOutcome,
     CancelOutcome,
+    ChangeOutcome,
     ClaimedJob,
     EnqueueOutcome,
     Event,
     FinalOutcome,
     JobRecord,
     NewJob,
+    QueueLimits,
+    RunAtUpdate,
     StoredEnqueue,
 )
-from ...states import JobState
+from ...states import TERMINAL_STATES, JobState
 from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 from .connection import MAX_BLOCK_SECONDS
 from .keys import GlobalKeys, QueueKeys
@@ -29,8 +33,16 @@ _ENQUEUE_CODES = {
     1: EnqueueOutcome.QUEUED,
     2: EnqueueOutcome.DUPLICATE,
     3: EnqueueOutcome.COMPLETED,
+    4: EnqueueOutcome.UPDATED,
 }
 _FAIL_CODES = {0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING}
+_ACK_DONE = {
+    "complete": AckOutcome.COMPLETED,
+    "release": AckOutcome.RELEASED,
+    "postpone": AckOutcome.POSTPONED,
+}
+_LIMIT_FIELDS = ("rate_max", "rate_window", "group_rate_max", "group_rate_window", "concurrency")
+_UPDATE_FLAGS = (("data", "d"), ("max_attempts", "m"), ("backoff", "b"), ("reset_counts", "c"))
 ACK_CHUNK = 500  # completions per complete_many script call
 # Jobs per enqueue script call in bulk: small enough that Redis runs one call while the client
 # packs the next (see Scripts.call_streamed), and bounds how long one call blocks Redis.
@@ -40,6 +52,11 @@ COMBINE_MAX = 100
 # Calls per queue on the wire at once before further callers are combined. Measured with
 # bench.core's producer threads: combining below 3 threads is slower than overlapping calls.
 COMBINE_AFTER = 2
+# With group rate limits, queued candidates a claim looks at beyond its count: candidates whose
+# group spent its budget move to scheduled, so a later claim (woken by this one) looks further.
+GROUP_SCAN = 100
+DRAIN_CHUNK = 1000  # jobs cancelled per drain script call (one call blocks Redis that long)
+SCAN_CHUNK = 1000  # keys per SCAN step and per clean / obliterate call
 
 
 def _s(value: bytes | str) -> str:
@@ -82,6 +99,12 @@ def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecor
         result=f.get("result"),
         error=f.get("error"),
         expires_at=now + pttl if pttl and pttl > 0 else None,
+        lifo=_opt_s(f.get("lifo")) == "1",
+        group=_opt_s(f.get("group")),
+        dedup_key=_opt_s(f.get("dedup")),
+        min_backoff=_i(f.get("min_backoff")),
+        max_backoff=_i(f.get("max_backoff")),
+        has_successor=_opt_s(f.get("succ")) == "1",
     )
 
 
@@ -97,6 +120,22 @@ def _stream_id(value: str) -> tuple[int, int]:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _scheduling_set(job: NewJob) -> tuple:
+    """The enqueue script's scheduling set of a job that uses lifo, group, singleton, update or
+    dedup (see enqueue.lua); the leading marker keeps it apart from option sets in the call's
+    set table and is not sent."""
+    update, dedup = job.update, job.dedup
+    flags = mode = ""
+    if update is not None:
+        flags = "".join(letter for name, letter in _UPDATE_FLAGS if getattr(update, name))
+        mode = "" if update.run_at is RunAtUpdate.NO else update.run_at.value
+    return (
+        "x", "1" if job.lifo else "", "1" if job.singleton else "", flags, mode,
+        job.group or "", dedup.key if dedup else "", dedup.mode.value if dedup else "",
+        (dedup.ttl or 0) if dedup else 0, "", "",
+    )  # fmt: skip
 
 
 class _Slot:
@@ -177,6 +216,7 @@ class RedisStorage(Storage):
         self.scripts = Scripts(client)
         self.global_keys = GlobalKeys(prefix)
         self._keys: dict[str, QueueKeys] = {}
+        self._settle: dict[str, list[str]] = {}
         self._combiners: dict[str, _Combiner] = {}
 
     def keys(self, queue: str) -> QueueKeys:
@@ -184,6 +224,17 @@ class RedisStorage(Storage):
         if k is None:
             k = self._keys[queue] = QueueKeys.for_queue(self.prefix, queue)
         return k
+
+    def _settle_keys(self, queue: str) -> list[str]:
+        """The keys a finished job's settling touches (settle_keys in common.lua, in order)."""
+        s = self._settle.get(queue)
+        if s is None:
+            k = self.keys(queue)
+            s = self._settle[queue] = [
+                k.job_prefix, k.succ_prefix, k.dedup_prefix, k.blocked, k.queued, k.scheduled,
+                k.wake, k.events,
+            ]  # fmt: skip
+        return s
 
     def _now_arg(self) -> int:
         return self.clock() if self.clock else 0  # 0: the script reads the server's TIME
@@ -198,7 +249,9 @@ class RedisStorage(Storage):
 
     def _enqueue_call(self, queue: str, jobs: Sequence[NewJob]) -> tuple[str, list, list]:
         """Options shared by several jobs are sent once (see enqueue.lua): a bulk call of jobs
-        with the queue's defaults packs three arguments a job instead of twelve."""
+        with the queue's defaults packs three arguments a job instead of twelve. A job that
+        uses the scheduling options (lifo, group, singleton, update, dedup) also names a
+        scheduling set, so a plain job costs nothing more than before they existed."""
         k = self.keys(queue)
         sets: dict[tuple, int] = {}
         per_job: list[Any] = []
@@ -211,22 +264,40 @@ class RedisStorage(Storage):
             number = sets.get(key)
             if number is None:
                 number = sets[key] = len(sets) + 1
-            per_job += [j.job_id, j.payload, number]
+            if j.lifo or j.singleton or j.group is not None or j.update is not None or j.dedup:
+                ext = _scheduling_set(j)
+                ext_number = sets.get(ext)
+                if ext_number is None:
+                    ext_number = sets[ext] = len(sets) + 1
+                per_job += [j.job_id, j.payload, f"{number}:{ext_number}"]
+            else:
+                per_job += [j.job_id, j.payload, number]
         args: list[Any] = [self._now_arg(), self.events_maxlen, len(sets)]
         for key in sets:
-            args += key
+            args += key if len(key) == 10 else key[1:]
         args += per_job
-        return "enqueue", [k.job_prefix, k.queued, k.scheduled, k.wake, k.seq, k.events], args
+        keys = [
+            k.job_prefix, k.queued, k.scheduled, k.wake, k.seq, k.events, k.succ_prefix,
+            k.dedup_prefix, k.blocked, k.stats,
+        ]  # fmt: skip
+        return "enqueue", keys, args
 
     @staticmethod
     def _parse_enqueue(jobs: Sequence[NewJob], raw: list) -> list[StoredEnqueue]:
         out = []
-        for i, job in enumerate(jobs):
-            code, state, result, error = raw[4 * i : 4 * i + 4]
+        pos = 0
+        for job in jobs:
+            code, state, result, error = raw[pos : pos + 4]
+            pos += 4
+            job_id = job.job_id
+            if code > 10:  # answered by the job holding the dedup key: its id follows
+                job_id = _s(raw[pos])
+                pos += 1
+                code -= 10
             out.append(
                 StoredEnqueue(
                     _ENQUEUE_CODES[code],
-                    job.job_id,
+                    job_id,
                     JobState(_s(state)),
                     result or None,
                     error or None,
@@ -294,9 +365,10 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "claim",
-            [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats],
-            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000],
-        )
+            [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
+             k.rate, k.group_rate_prefix, k.capped],
+            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN],
+        )  # fmt: skip
         batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
         for i in range(1, len(raw), 8):
             job_id, token, attempt, max_attempts, min_b, max_b, ctype, payload = raw[i : i + 8]
@@ -350,13 +422,16 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         head = [self._now_arg(), self.events_maxlen, ack.job_id, ack.token]
         if ack.kind == "complete":
-            keys = [k.job(ack.job_id), k.active, k.events, k.stats, k.done(ack.job_id)]
-            return "complete", keys, [*head, ack.body]
+            keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
+            return "complete", keys + self._settle_keys(queue), [*head, ack.body]
         if ack.kind == "fail":
-            keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.stats]
-            keys.append(k.done(ack.job_id))
+            keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
             args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent else 0]
-            return "fail", keys, args
+            return "fail", keys + self._settle_keys(queue), args
+        if ack.kind == "postpone":
+            keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.config]
+            keys.append(k.capped)
+            return "postpone", keys, [*head, ack.retry_in or 0, 1 if ack.queue_wide else 0]
         keys = [k.job(ack.job_id), k.active, k.queued, k.wake, k.events]
         return "release", keys, head
 
@@ -366,7 +441,7 @@ class RedisStorage(Storage):
             return _FAIL_CODES[raw]
         if raw == 0:
             return AckOutcome.LEASE_LOST
-        return AckOutcome.COMPLETED if kind == "complete" else AckOutcome.RELEASED
+        return _ACK_DONE[kind]
 
     def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
         """Completions go as ``complete_many`` calls of up to ACK_CHUNK jobs (one script call
@@ -381,9 +456,8 @@ class RedisStorage(Storage):
             args: list[Any] = [self._now_arg(), self.events_maxlen]
             for i in chunk:
                 args += [acks[i].job_id, acks[i].token, acks[i].body]
-            calls.append(
-                ("complete_many", [k.job_prefix, k.done_prefix, k.active, k.events, k.stats], args)
-            )
+            keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue)]
+            calls.append(("complete_many", keys, args))
         calls += [self._ack_call(queue, acks[i]) for i in others]
         raws = self.scripts.call_many(calls)
         out: list[AckOutcome | None] = [None] * len(acks)
@@ -412,6 +486,12 @@ class RedisStorage(Storage):
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         return self._ack(queue, Ack("release", job_id, token))
 
+    def postpone(
+        self, queue: str, job_id: str, token: int, delay_ms: int, *, queue_wide: bool = False
+    ) -> AckOutcome:
+        return self._ack(queue, Ack("postpone", job_id, token, retry_in=delay_ms,
+                                    queue_wide=queue_wide))  # fmt: skip
+
     def _ack(self, queue: str, ack: Ack) -> AckOutcome:
         return self._parse_ack(ack.kind, self.scripts.call(*self._ack_call(queue, ack)))
 
@@ -421,10 +501,23 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "cancel",
-            [k.job(job_id), k.queued, k.scheduled, k.events, k.stats, k.done(job_id)],
+            [k.job(job_id), k.queued, k.scheduled, k.events, k.stats, k.done(job_id),
+             k.succ(job_id), k.blocked, k.dedup_prefix],
             [self._now_arg(), self.events_maxlen, job_id],
-        )
+        )  # fmt: skip
         return CancelOutcome(_s(raw))
+
+    def change(
+        self, queue: str, job_id: str, *, run_at: int | None = None, priority: int | None = None
+    ) -> ChangeOutcome:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "change",
+            [k.job(job_id), k.queued, k.scheduled, k.stats, k.wake, k.events, k.succ(job_id)],
+            [self._now_arg(), self.events_maxlen, job_id, "" if run_at is None else run_at,
+             "" if priority is None else priority],
+        )  # fmt: skip
+        return ChangeOutcome(_s(raw))
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         return self.get_records(queue, [job_id])[job_id]
@@ -465,10 +558,9 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "reap",
-            [k.job_prefix, k.done_prefix, k.active, k.queued, k.scheduled, k.wake, k.events,
-             k.stats],
+            [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue)],
             [self._now_arg(), self.events_maxlen, limit],
-        )  # fmt: skip
+        )
         promoted, n_requeued = raw[0], raw[1]
         ids = [_s(x) for x in raw[2:]]
         return ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
@@ -479,14 +571,16 @@ class RedisStorage(Storage):
         pipe.zcard(k.queued)
         pipe.zcard(k.active)
         pipe.zcard(k.scheduled)
+        pipe.scard(k.blocked)
         pipe.hmget(k.stats, "retrying", "completed", "failed")
-        queued, active, scheduled, (retrying, completed, failed) = pipe.execute()
+        queued, active, scheduled, blocked, (retrying, completed, failed) = pipe.execute()
         retrying = _i(retrying)
         return {
             JobState.SCHEDULED: scheduled - retrying,
             JobState.QUEUED: queued,
             JobState.ACTIVE: active,
             JobState.RETRYING: retrying,
+            JobState.BLOCKED: blocked,
             JobState.COMPLETED: _i(completed),
             JobState.FAILED: _i(failed),
         }
@@ -502,6 +596,110 @@ class RedisStorage(Storage):
             for _stream, entries in reply or []
             for eid, fields in entries
         ]
+
+    # -- queue control ----------------------------------------------------------------------
+
+    def pause(self, queue: str) -> None:
+        self.client.hset(self.keys(queue).config, "paused", "1")
+
+    def resume(self, queue: str) -> None:
+        k = self.keys(queue)
+        self.scripts.call("control", [k.config, k.wake, k.active], ["resume"])
+
+    def is_paused(self, queue: str) -> bool:
+        return bool(self.client.hexists(self.keys(queue).config, "paused"))
+
+    def set_limits(self, queue: str, limits: QueueLimits) -> None:
+        k = self.keys(queue)
+        args: list[Any] = ["limits"]
+        for name in _LIMIT_FIELDS:
+            value = getattr(limits, name)
+            if value is not None:
+                args += [name, value]
+        self.scripts.call("control", [k.config, k.wake, k.active], args)
+
+    def get_limits(self, queue: str) -> QueueLimits:
+        values = self.client.hmget(self.keys(queue).config, *_LIMIT_FIELDS)
+        return QueueLimits(**{n: _opt_i(v) for n, v in zip(_LIMIT_FIELDS, values, strict=True)})
+
+    def drain(self, queue: str, *, delayed: bool = True) -> int:
+        """Batches of DRAIN_CHUNK cancellations, one script call each: every cancellation is
+        atomic as ``cancel``'s is, and Redis is never blocked by one huge call."""
+        k = self.keys(queue)
+        keys = [k.done_prefix, k.stats, *self._settle_keys(queue)]
+        total = 0
+        while True:
+            args = [self._now_arg(), self.events_maxlen, 1 if delayed else 0, DRAIN_CHUNK]
+            cancelled, more = self.scripts.call("drain", keys, args)
+            total += cancelled
+            if not more:
+                return total
+
+    def clean(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> int:
+        """Finished records are indexed nowhere (they expire by their own TTL, which keeps
+        completions cheap), so candidates come from a SCAN of the queue's job keys; each
+        batch is checked and deleted by one script call."""
+        wanted = ",".join(JobState(s).value for s in states if JobState(s) in TERMINAL_STATES)
+        if not wanted or limit <= 0:
+            return 0
+        k = self.keys(queue)
+        deleted = 0
+        batch: list[str] = []
+
+        def flush() -> int:
+            args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - deleted]]
+            batch.clear()
+            return int(self.scripts.call("clean", [k.job_prefix], args))
+
+        for job_id in self.scan_job_ids(queue, count=SCAN_CHUNK):
+            batch.append(job_id)
+            if len(batch) >= SCAN_CHUNK:
+                deleted += flush()
+                if deleted >= limit:
+                    return deleted
+        if batch:
+            deleted += flush()
+        return deleted
+
+    def obliterate(self, queue: str, *, force: bool = False) -> int:
+        """One script call refuses (active jobs, unless ``force``) or pauses the queue, so no
+        claim starts while its keys are deleted; then every key under the queue's hash tag
+        goes (SCAN + UNLINK), the flow-control hash last, which also lifts the pause. A job
+        enqueued while this runs may be deleted or survive. Should the caller die half way,
+        the queue stays paused with part of its keys: calling again finishes the job."""
+        k = self.keys(queue)
+        args = ["obliterate", 1 if force else 0]
+        if self.scripts.call("control", [k.config, k.wake, k.active], args) == -1:
+            raise QueueBusy(f"queue {queue!r} has active jobs; pass force=True to obliterate it")
+        job_prefix = k.job_prefix.encode()
+        config = k.config.encode()
+        removed = 0
+        keys: list[bytes] = []
+
+        def flush() -> int:
+            jobs = [key for key in keys if key.startswith(job_prefix)]
+            others = [key for key in keys if not key.startswith(job_prefix) and key != config]
+            keys.clear()
+            if others:
+                self.client.unlink(*others)
+            return int(self.client.unlink(*jobs)) if jobs else 0
+
+        for key in self.client.scan_iter(match=k.everything, count=SCAN_CHUNK):
+            keys.append(key if isinstance(key, bytes) else key.encode())
+            if len(keys) >= SCAN_CHUNK:
+                removed += flush()
+        removed += flush()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(k.config)
+        pipe.srem(self.global_keys.queues, queue)
+        pipe.execute()
+        return removed
 
     # -- event consumer groups (the model mirror) -------------------------------------------
     # Redis-only: a consumer group remembers what it has read and what is acknowledged, so the

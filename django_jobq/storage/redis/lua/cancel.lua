@@ -1,33 +1,52 @@
 --[[ cancel: scheduled / queued / retrying / blocked -> cancelled, O(log n).
 
-KEYS[1] job        HASH
-KEYS[2] queued     ZSET
-KEYS[3] scheduled  ZSET
-KEYS[4] events     STREAM
-KEYS[5] stats      HASH
-KEYS[6] done       LIST (outcome for waiters)
+KEYS[1] job           HASH
+KEYS[2] queued        ZSET
+KEYS[3] scheduled     ZSET
+KEYS[4] events        STREAM
+KEYS[5] stats         HASH
+KEYS[6] done          LIST (outcome for waiters)
+KEYS[7] successor     HASH (the id's blocked singleton successor, if any)
+KEYS[8] blocked       SET of ids with a successor
+KEYS[9] dedup prefix  "{p:q}:dedup:"
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
 ARGV[3] job id
 
 Returns: 'cancelled' (now or already), 'not_found', 'active', 'completed' or 'failed'.
-Events: 'cancelled'. The record stays (deduplicating the id) until its result_ttl passes.
+An id with a blocked successor: the successor is cancelled (deleted) and the record is left
+as it is (an active run continues). Otherwise the record is cancelled and stays
+(deduplicating the id) until its result_ttl passes; a simple-mode dedup key it holds is freed.
+Events: 'cancelled'.
 ]]
 --@include common
+--@include sched
 
 local job_key, queued_key, scheduled_key = KEYS[1], KEYS[2], KEYS[3]
 local events_key, stats_key, done_key = KEYS[4], KEYS[5], KEYS[6]
-local state = redis.call('HGET', job_key, 'state')
+local succ_key, blocked_key, dedup_prefix = KEYS[7], KEYS[8], KEYS[9]
+local id = ARGV[3]
+local f = redis.call('HMGET', job_key, 'state', 'succ', 'dedup', 'dmode')
+local state = f[1]
 if not state then return 'not_found' end
+
+local now = now_ms(ARGV[1])
+if f[2] == '1' then
+  redis.call('DEL', succ_key)
+  redis.call('HDEL', job_key, 'succ')
+  redis.call('SREM', blocked_key, id)
+  emit(events_key, ARGV[2], id, 'cancelled', now)
+  return 'cancelled'
+end
 if state == 'active' or state == 'completed' or state == 'failed' or state == 'cancelled' then
   return state
 end
 
-local now = now_ms(ARGV[1])
 if state == 'retrying' then redis.call('HINCRBY', stats_key, 'retrying', -1) end
-redis.call('ZREM', queued_key, ARGV[3])
-redis.call('ZREM', scheduled_key, ARGV[3])
+redis.call('ZREM', queued_key, id)
+redis.call('ZREM', scheduled_key, id)
 finish(job_key, done_key, stats_key, 'cancelled', '', now)
-emit(events_key, ARGV[2], ARGV[3], 'cancelled', now)
+if f[3] then sched().release_dedup(dedup_prefix, id, f[3], f[4]) end
+emit(events_key, ARGV[2], id, 'cancelled', now)
 return 'cancelled'

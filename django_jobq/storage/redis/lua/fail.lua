@@ -1,12 +1,12 @@
 --[[ fail: active -> retrying (backoff pending) or -> failed, for the lease holder only.
 
-KEYS[1] job        HASH
-KEYS[2] active     ZSET
-KEYS[3] scheduled  ZSET
-KEYS[4] wake       LIST
-KEYS[5] events     STREAM
-KEYS[6] stats      HASH
-KEYS[7] done       LIST (outcome for waiters)
+KEYS[1] job     HASH
+KEYS[2] active  ZSET
+KEYS[3] stats   HASH
+KEYS[4] done    LIST (outcome for waiters)
+KEYS[5] capped  STRING flag (a claim waits for a free concurrency slot)
+KEYS[6..13] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
+        scheduled, wake, events (see settle_keys in common.lua)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -18,21 +18,32 @@ ARGV[7] permanent (1 = no further attempts)
 
 Returns: 2 failed for good; 3 retrying; 0 lease lost (nothing written).
 Events: 'retrying' or 'failed'. A retry wakes idle workers so they re-read the next due time.
+Failed for good settles the job like complete.lua (dedup key freed, successor released); a
+retrying job keeps both: it is not finished, and its successor must not run beside it.
 ]]
 --@include common
+--@include sched
 
-local job_key, active_key, scheduled_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local events_key, stats_key, done_key = KEYS[5], KEYS[6], KEYS[7]
-local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'attempts', 'max_attempts')
+local job_key, active_key, stats_key, done_key, capped_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local scheduled_key, wake_key, events_key = KEYS[11], KEYS[12], KEYS[13]
+local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'attempts', 'max_attempts',
+  'succ', 'dedup', 'dmode')
 if f[1] ~= 'active' or f[2] ~= ARGV[4] then return 0 end
 
 local now = now_ms(ARGV[1])
 local id = ARGV[3]
 redis.call('HSET', job_key, 'error', ARGV[5])
 redis.call('ZREM', active_key, id)
+-- A claim stopped at the concurrency cap with jobs left: the slot freed now is claimable.
+if redis.call('DEL', capped_key) == 1 then wake(wake_key) end
 if ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
   finish(job_key, done_key, stats_key, 'failed', ARGV[5], now)
   emit(events_key, ARGV[2], id, 'failed', now, f[3])
+  if f[6] or f[7] then
+    local h = sched()
+    h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[6], f[7], f[8], now)
+  end
   return 2
 end
 

@@ -12,10 +12,18 @@ local function now_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Ordering score of a queued job: priority first (lower first), then enqueue sequence (FIFO).
-local PRIORITY_SHIFT = 4398046511104  -- 2^42; priorities are bounded to +-1000 at the edge
-local function queued_score(priority, seq)
-  return tonumber(priority) * PRIORITY_SHIFT + tonumber(seq)
+-- Ordering score of a queued job: priority first (lower first); within a priority every LIFO
+-- job (newest first) before every FIFO job (oldest first). The order key (priority, seq, lifo)
+-- lives in the job hash, so a job that comes back to queued gets the same score.
+-- |priority| <= 1000 (checked at the edge) and seq < 2^42 keep every score an exact integer
+-- in a double: 1001 * 2^43 < 2^53.
+local PRIORITY_SHIFT = 8796093022208  -- 2^43
+local LIFO_SPLIT = 4398046511104  -- 2^42
+local function queued_score(priority, seq, lifo)
+  if lifo == '1' then
+    return tonumber(priority) * PRIORITY_SHIFT + LIFO_SPLIT - tonumber(seq)
+  end
+  return tonumber(priority) * PRIORITY_SHIFT + LIFO_SPLIT + tonumber(seq)
 end
 
 local function emit(events_key, maxlen, job_id, kind, now, worker)
@@ -58,11 +66,11 @@ local function promote_due(job_prefix, scheduled_key, queued_key, stats_key, eve
   local due = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', fmt(now), 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     local job_key = job_prefix .. id
-    local f = redis.call('HMGET', job_key, 'state', 'priority', 'seq')
+    local f = redis.call('HMGET', job_key, 'state', 'priority', 'seq', 'lifo')
     if f[1] == 'retrying' then redis.call('HINCRBY', stats_key, 'retrying', -1) end
     if f[1] then
       redis.call('HSET', job_key, 'state', 'queued')
-      redis.call('ZADD', queued_key, queued_score(f[2], f[3]), id)
+      redis.call('ZADD', queued_key, queued_score(f[2], f[3], f[4]), id)
       emit(events_key, maxlen, id, 'queued', now)
     end
     redis.call('ZREM', scheduled_key, id)

@@ -1,0 +1,31 @@
+--[[ clean: delete finished records that finished long enough ago, given a batch of ids.
+
+The caller finds candidate ids with SCAN (finished records are indexed nowhere: they expire by
+their own TTL); each record is checked and deleted here, so a record that changed since the
+scan (a new job under a freed id) is never deleted by mistake.
+
+KEYS[1] job key prefix "{p:q}:job:"
+
+ARGV[1] now (ms; 0 = server TIME)
+ARGV[2] age (ms): records whose 'finished' is at or before now - age go
+ARGV[3] states, comma separated (of completed, failed, cancelled)
+ARGV[4..] job ids
+
+Returns: how many records were deleted. Their ids are free again; a dedup key they held is
+free too (a key whose holder record is gone counts as free).
+]]
+--@include common
+
+local job_prefix = KEYS[1]
+local cutoff = now_ms(ARGV[1]) - tonumber(ARGV[2])
+local wanted = {}
+for state in string.gmatch(ARGV[3], '[^,]+') do wanted[state] = true end
+local n = 0
+for i = 4, #ARGV do
+  local job_key = job_prefix .. ARGV[i]
+  local f = redis.call('HMGET', job_key, 'state', 'finished')
+  if f[1] and wanted[f[1]] and f[2] and tonumber(f[2]) <= cutoff then
+    n = n + redis.call('DEL', job_key)
+  end
+end
+return n
