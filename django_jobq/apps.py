@@ -9,7 +9,7 @@ class JobQConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import checks, schedules  # noqa: F401 - register the system checks, save hooks
 
         # Handlers live in each app's jobs.py; importing them registers them.
         autodiscover_modules("jobs")

@@ -1,11 +1,14 @@
-"""The reaper: recovers stalled jobs and promotes due ones on every known queue.
+"""The reaper: recovers stalled jobs and promotes due ones on every known queue, and fires
+due periodic schedules.
 
 Each sweep is one atomic storage call per queue, so any number of reapers (and workers, which
-sweep their own queues too) can run at once without double-handling a job.
+sweep their own queues too) can run at once without double-handling a job. Schedules are
+exactly-once per tick with any number of reapers too (see ``schedules.py``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -29,6 +32,7 @@ class Reaper:
         batch: int | None = None,
         mirror: bool | None = None,
         retention_days: float | None = -1,
+        schedules: bool = True,
     ) -> None:
         conf = jobq_settings()
         self.storage = storage if storage is not None else get_storage()
@@ -46,6 +50,9 @@ class Reaper:
         self.retention_days = conf["RETENTION_DAYS"] if retention_days == -1 else retention_days
         self.retention_interval = 60.0
         self._last_purge = 0.0
+        self.schedules = schedules
+        self._schedule_error: tuple[str, float] | None = None
+        self.last_fired: list[str] = []  # ids the last sweep's schedules stored
 
     def queues(self) -> list[str]:
         """Explicit queues, else every queue that was enqueued to, has a handler or settings."""
@@ -56,6 +63,10 @@ class Reaper:
         return sorted(known)
 
     def run_once(self) -> dict[str, ReapReport]:
+        # Schedules first: their errors are contained, so a queue whose sweep fails (and
+        # raises out of here) cannot hold back every periodic job as well.
+        if self.schedules:
+            self.last_fired = self.fire_schedules()
         reports = {}
         for name in self.queues():
             report = self.storage.reap(name, self.batch)
@@ -76,6 +87,38 @@ class Reaper:
             reports[name] = report
         return reports
 
+    def database_alias(self) -> str:
+        """The Django database the reaper purges and reads schedules from: the database
+        backend's own, else the mirror's."""
+        return getattr(self.storage, "using", None) or jobq_settings()["MIRROR"]["DATABASE_ALIAS"]
+
+    def fire_schedules(self) -> list[str]:
+        """Enqueue the due ticks of periodic schedules. A failure here (a database that is down
+        or not migrated) is logged and never stops stall recovery."""
+        from django.db import connections
+
+        from .schedules import GRACE, fire_due
+
+        alias = self.database_alias()
+        # A sweep that took a few intervals must not turn due ticks into "missed" ones.
+        grace = max(GRACE, dt.timedelta(seconds=2 * self.interval))
+        try:
+            fired = fire_due(storage=self.storage, using=alias, grace=grace)
+        except Exception as exc:
+            # Once a minute at most (or when the error changes): a reaper without the schedule
+            # table would otherwise log every sweep.
+            message = f"{type(exc).__name__}: {exc}"
+            last = self._schedule_error
+            if last is None or last[0] != message or time.monotonic() - last[1] >= 60:
+                logger.warning("schedules not fired: %s", message)
+                self._schedule_error = (message, time.monotonic())
+            # A broken connection of this long-lived thread is not replaced by Django's
+            # request cycle: drop it so the next sweep reconnects.
+            connections[alias].close_if_unusable_or_obsolete()
+            return []
+        self._schedule_error = None
+        return fired
+
     def purge(self) -> int:
         """Delete job rows past the retention period (mirror rows, or database-backend state
         whose deduplication window has closed)."""
@@ -84,8 +127,7 @@ class Reaper:
         self._last_purge = time.monotonic()
         if self.retention_days is None:
             return 0
-        alias = getattr(self.storage, "using", None) or jobq_settings()["MIRROR"]["DATABASE_ALIAS"]
-        n = purge_finished(self.retention_days, using=alias)
+        n = purge_finished(self.retention_days, using=self.database_alias())
         if n:
             logger.info(
                 "retention: deleted %d finished jobs older than %s days", n, self.retention_days

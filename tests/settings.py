@@ -7,10 +7,35 @@ SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
 USE_TZ = True
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "django_jobq",
     "tests.jobsapp",
+]
+# The admin (tests/test_schedules.py drives the Schedule admin through the test client).
+ROOT_URLCONF = "tests.urls"
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
 ]
 # A file, not :memory:, so that worker threads (each with its own connection) share it.
 SQLITE_TEST_FILE = os.environ.get(

@@ -7,7 +7,10 @@ from ...reaper import Reaper
 
 
 class Command(BaseCommand):
-    help = "Requeue stalled jobs, promote due ones and fail jobs past max_stalls, in a loop."
+    help = (
+        "Requeue stalled jobs, promote due ones, fail jobs past max_stalls and fire periodic"
+        " schedules, in a loop."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="*", help="queues to sweep (default: all known)")
@@ -18,6 +21,11 @@ class Command(BaseCommand):
             action="store_true",
             help="do not run the model mirror here (run `manage.py runmirror` instead)",
         )
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="do not fire periodic schedules from this reaper",
+        )
 
     def handle(self, *args, **options):
         configure(options["verbosity"])
@@ -25,6 +33,7 @@ class Command(BaseCommand):
             options["queues"] or None,
             interval=options["interval"],
             mirror=False if options["no_mirror"] else None,
+            schedules=not options["no_schedules"],
         )
         if options["once"]:
             for name, report in reaper.run_once().items():
@@ -32,6 +41,8 @@ class Command(BaseCommand):
                     f"{name}: requeued {len(report.requeued)}, failed {len(report.failed)},"
                     f" promoted {report.promoted}"
                 )
+            if reaper.last_fired:
+                self.stdout.write(f"schedules: fired {', '.join(reaper.last_fired)}")
             return
         signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
         signal.signal(signal.SIGINT, lambda *_: reaper.stop())
