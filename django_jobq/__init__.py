@@ -17,12 +17,14 @@ from .errors import (
 from .job import (
     CancelOutcome,
     ChangeOutcome,
+    DeadLetter,
     EnqueueOutcome,
     EnqueueResult,
     Job,
     JobResult,
     JobStatus,
     QueueLimits,
+    RetryOutcome,
 )
 from .states import JobState
 
@@ -31,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CancelOutcome",
     "ChangeOutcome",
+    "DeadLetter",
     "EnqueueOutcome",
     "EnqueueResult",
     "InvalidJobId",
@@ -49,6 +52,7 @@ __all__ = [
     "QueueLimits",
     "RateLimited",
     "Retry",
+    "RetryOutcome",
     "Timeout",
     "ValidationError",
     "get_queue",

@@ -48,6 +48,16 @@ class ChangeOutcome(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class RetryOutcome(enum.StrEnum):
+    """What ``retry`` did with a job that ended badly."""
+
+    RETRIED = "retried"  # failed or cancelled -> queued again, attempts and stalls reset
+    NOT_FOUND = "not_found"  # no such job, or its record expired (or was purged)
+    WAITING = "waiting"  # scheduled, queued or retrying: it will run without help
+    ACTIVE = "active"  # running now
+    COMPLETED = "completed"  # succeeded: nothing to retry
+
+
 class DedupMode(enum.StrEnum):
     SIMPLE = "simple"  # key held until the holder finishes (or ttl, when given, passes)
     THROTTLE = "throttle"  # key held for ttl whatever the holder does: repeats are dropped
@@ -267,6 +277,23 @@ class JobStatus:
     group: str | None = None
     dedup_key: str | None = None
     has_successor: bool = False  # a blocked singleton run waits for this one
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A job that failed for good, as the dead-letter list shows it: enough to decide whether
+    to retry it (its status and error) and what it was asked to do (its decoded payload)."""
+
+    status: JobStatus
+    payload: Any
+
+    @property
+    def job_id(self) -> str:
+        return self.status.job_id
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.status.error
 
 
 @dataclass(frozen=True, slots=True)

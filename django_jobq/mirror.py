@@ -55,6 +55,7 @@ MAX_PARAMS = 30_000  # bound parameters per SQLite statement (its limit is 32,76
 EVENT_COLUMNS = ("job", "queue", "kind", "at", "worker", "detail", "stream_id")
 KIND_STATE = {
     "queued": JobState.QUEUED,
+    "retried": JobState.QUEUED,
     "scheduled": JobState.SCHEDULED,
     "active": JobState.ACTIVE,
     "retrying": JobState.RETRYING,

@@ -18,16 +18,19 @@ from .errors import InvalidJobId, InvalidOption, JobFailed, PayloadTooLarge, Tim
 from .job import (
     CancelOutcome,
     ChangeOutcome,
+    DeadLetter,
     Dedup,
     DedupMode,
     EnqueueOutcome,
     EnqueueResult,
     JobOptions,
+    JobRecord,
     JobResult,
     JobStatus,
     JobUpdate,
     NewJob,
     QueueLimits,
+    RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
     decode_error,
@@ -370,6 +373,44 @@ class Queue:
         """Run a scheduled or retrying job now instead of at its due time."""
         return self.storage.change(self.name, validate_job_id(job_id), run_at=0)
 
+    def retry(self, job_id: str) -> RetryOutcome:
+        """Run a failed or cancelled job again, from attempt 1, in its old place in line:
+        ``retried``, or why not (``not_found``, ``waiting``, ``active``, ``completed``)."""
+        return self.storage.retry(self.name, validate_job_id(job_id))
+
+    def retry_many(self, job_ids: Iterable[str]) -> dict[str, RetryOutcome]:
+        """``retry`` for each id (each its own atomic step), with every outcome."""
+        ids = [validate_job_id(job_id) for job_id in job_ids]  # all refused before any runs
+        return {job_id: self.storage.retry(self.name, job_id) for job_id in ids}
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def dead_letters(self, *, offset: int = 0, limit: int = 100) -> list[DeadLetter]:
+        """Jobs that failed for good (attempts used up, ``PermanentError``, stalled too
+        often), newest failure first. Each stays listed until it is retried, purged, or its
+        ``result_ttl`` passes: give jobs a longer ``result_ttl`` to keep dead letters longer."""
+        offset = validate_positive_int("offset", offset, minimum=0)
+        limit = validate_positive_int("limit", limit)
+        records = self.storage.dead_letters(self.name, offset, limit)
+        return [DeadLetter(self._status(r), self._payload(r)) for r in records]
+
+    def count_dead(self) -> int:
+        return self.storage.count_dead(self.name)
+
+    def retry_dead(self, job_ids: Iterable[str] | None = None, *, limit: int = 10_000) -> int:
+        """Retry dead letters: the given ids, or (None) up to ``limit`` of the newest.
+        Returns how many were requeued; an id that is no longer failed is left alone."""
+        if job_ids is None:
+            limit = validate_positive_int("limit", limit)
+            job_ids = [r.job_id for r in self.storage.dead_letters(self.name, 0, limit)]
+        outcomes = self.retry_many(job_ids)
+        return sum(1 for o in outcomes.values() if o is RetryOutcome.RETRIED)
+
+    def purge_dead(self, job_ids: Iterable[str] | None = None) -> int:
+        """Delete dead letters (the given ids, or all); their ids can be enqueued again."""
+        ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
+        return self.storage.purge_dead(self.name, ids)
+
     # -- queue control ----------------------------------------------------------------------
 
     def pause(self) -> None:
@@ -467,8 +508,9 @@ class Queue:
 
     def get_status(self, job_id: str) -> JobStatus | None:
         record = self.storage.get_record(self.name, validate_job_id(job_id))
-        if record is None:
-            return None
+        return None if record is None else self._status(record)
+
+    def _status(self, record: JobRecord) -> JobStatus:
         return JobStatus(
             queue=self.name,
             job_id=record.job_id,
@@ -488,6 +530,22 @@ class Queue:
             dedup_key=record.dedup_key,
             has_successor=record.has_successor,
         )
+
+    def get_payload(self, job_id: str) -> Any:
+        """The job's decoded payload while its record lives (None when unknown or expired)."""
+        record = self.storage.get_record(self.name, validate_job_id(job_id))
+        return None if record is None else self._payload(record)
+
+    @staticmethod
+    def _payload(record: JobRecord) -> Any:
+        """The decoded payload; a payload that no longer decodes (written by hand, or by a
+        serde since removed) is shown as its raw bytes rather than hiding the job."""
+        if record.payload is None:
+            return None
+        try:
+            return serde_for(record.content_type).loads(record.payload)
+        except Exception:  # any decoder error: the job must stay visible
+            return record.payload
 
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the

@@ -80,6 +80,21 @@ def test_rows_follow_every_transition(redis_storage, mirror, alias):
     assert mirror.lag.written == 6 and mirror.lag.percentile(50) is not None
 
 
+def test_a_retried_dead_letter_is_mirrored_back_to_queued(redis_storage, mirror, alias):
+    mirror.queues()
+    enqueue(redis_storage, "d", max_attempts=1)
+    job = redis_storage.claim(Q, "worker-1", 1, 30_000).jobs[0]
+    redis_storage.fail(Q, "d", job.token, b'{"type": "ValueError", "message": "x"}')
+    mirror.drain()
+    assert Job.objects.using(alias).get(queue=Q, job_id="d").state == "failed"
+    redis_storage.retry(Q, "d")
+    mirror.drain()
+    row = Job.objects.using(alias).get(queue=Q, job_id="d")
+    assert (row.state, row.attempts, row.error, row.finished_at) == ("queued", 0, None, None)
+    kinds = list(JobEvent.objects.using(alias).filter(job=row).values_list("kind", flat=True))
+    assert kinds == ["queued", "active", "failed", "retried"]
+
+
 def test_crash_before_ack_redelivers_and_writes_once(redis_storage, alias, monkeypatch):
     first = Mirror(redis_storage, queues=[Q], using=alias, consumer="m1")
     first.queues()

@@ -25,6 +25,7 @@ from ..job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    RetryOutcome,
     StoredEnqueue,
 )
 from ..states import JobState
@@ -261,6 +262,31 @@ class Storage(abc.ABC):
         it scheduled (event ``scheduled``; a retrying job stays retrying). ``priority``: takes
         effect at once for a queued job (its FIFO order key is kept). Returns ``CHANGED`` or
         why not (``NOT_FOUND``, ``ACTIVE``, or the final state)."""
+
+    @abc.abstractmethod
+    def retry(self, queue: str, job_id: str) -> RetryOutcome:
+        """failed / cancelled → queued in one atomic step, for an operator's "run it again".
+
+        Attempts and stalls start from 0, error, result and finish time are cleared, the
+        record stops expiring, it leaves the dead-letter list and takes its old place in line
+        (priority and order key as enqueued); event ``retried``; one idle worker is woken.
+        A dedup key the job held is not taken again (another job may hold it by now).
+        Anything else is left alone: ``NOT_FOUND``, ``WAITING``, ``ACTIVE``, ``COMPLETED``."""
+
+    @abc.abstractmethod
+    def dead_letters(self, queue: str, offset: int = 0, limit: int = 100) -> list[JobRecord]:
+        """The queue's dead-letter list: records of jobs that failed for good (attempts used
+        up, a permanent error, or stalled past ``max_stalls``), newest failure first. A record
+        leaves it when retried, purged, cleaned, or when its ``result_ttl`` passes."""
+
+    @abc.abstractmethod
+    def count_dead(self, queue: str) -> int:
+        """How many records the dead-letter list holds now."""
+
+    @abc.abstractmethod
+    def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
+        """Delete dead-letter records (those of ``job_ids`` that are failed, or all of them);
+        their ids are free again. Returns how many were deleted."""
 
     @abc.abstractmethod
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:

@@ -52,6 +52,7 @@ from ..job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
 )
@@ -1202,6 +1203,58 @@ class DatabaseStorage(Storage):
                 self._jobs().filter(pk=row.pk).update(**fields)
             self._retimed(queue, row.pk, job_id, state, kind, now)
             return ChangeOutcome.CHANGED
+
+    def retry(self, queue: str, job_id: str) -> RetryOutcome:
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            row = self._existing(queue, job_id, now)
+            if row is None:
+                return RetryOutcome.NOT_FOUND
+            state = JobState(row.state)
+            if state in (JobState.ACTIVE, JobState.COMPLETED):
+                return RetryOutcome(state.value)
+            if state not in (JobState.FAILED, JobState.CANCELLED):
+                return RetryOutcome.WAITING
+            # Its place in line (priority, order key, id) is in the row: it is kept.
+            self._jobs().filter(pk=row.pk).update(
+                state=JobState.QUEUED, attempts=0, stalls=0, error=None, result=None,
+                finished_at=None, expires_at=None, run_at=None, lease_deadline=None,
+            )  # fmt: skip
+            # A simple-mode key was free once the job ended; the retried job does not retake it.
+            self.DedupKey.objects.using(self.using).filter(
+                queue=queue, job_id=row.pk, mode=DedupMode.SIMPLE
+            ).update(job_id=None)
+            self._events([(row.pk, queue, job_id)], "retried", now)
+            self._signal(f"w {queue}")
+            return RetryOutcome.RETRIED
+
+    def _dead(self, queue: str, now: int) -> Any:
+        return self._records(self._jobs().filter(queue=queue, state=JobState.FAILED), now)
+
+    def dead_letters(self, queue: str, offset: int = 0, limit: int = 100) -> list[JobRecord]:
+        now = self._now()
+        ids = (
+            self._dead(queue, now)
+            .order_by("-finished_at", "-id")
+            .values_list("job_id", flat=True)[offset : offset + limit]
+        )
+        records = (self.get_record(queue, job_id) for job_id in ids)
+        return [r for r in records if r is not None and r.state is JobState.FAILED]
+
+    def count_dead(self, queue: str) -> int:
+        return self._dead(queue, self._now()).count()
+
+    def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
+        with self._atomic():
+            self._write_lock()
+            rows = self._dead(queue, self._now())
+            if job_ids is not None:
+                rows = rows.filter(job_id__in=list(job_ids))
+            pks = list(rows.values_list("id", flat=True))
+            for chunk in _chunks(pks):
+                self._delete_rows(chunk)
+            return len(pks)
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         row = self._jobs().filter(queue=queue, job_id=job_id).order_by().first()

@@ -31,6 +31,7 @@ from ..job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
 )
@@ -602,6 +603,57 @@ class MemoryStorage(Storage):
                 self._index_queued(q, rec)  # the new priority, the same order key
             self._event(queue, q, rec, rec.state.value, now)
             return ChangeOutcome.CHANGED
+
+    def retry(self, queue: str, job_id: str) -> RetryOutcome:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            rec = self._live(q, job_id, now)
+            if rec is None:
+                return RetryOutcome.NOT_FOUND
+            if rec.state in (JobState.ACTIVE, JobState.COMPLETED):
+                return RetryOutcome(rec.state.value)
+            if rec.state not in (JobState.FAILED, JobState.CANCELLED):
+                return RetryOutcome.WAITING
+            key = q.keys.get(rec.dedup_key or "")
+            if key is not None and key.rec is rec and key.mode is DedupMode.SIMPLE:
+                del q.keys[rec.dedup_key or ""]  # freed when it ended; a retry does not retake it
+            rec.attempts = rec.stalls = 0
+            rec.error = rec.result = None
+            rec.finished_at = rec.expires_at = rec.run_at = None
+            self._index_queued(q, rec)
+            self._event(queue, q, rec, "retried", now)
+            self._cond.notify_all()
+            return RetryOutcome.RETRIED
+
+    def _dead(self, q: _Queue, now: int) -> list[_Rec]:
+        # The memory backend keeps no index: a linear scan is fine for what it holds.
+        dead = [
+            r
+            for r in q.jobs.values()
+            if r.state is JobState.FAILED and not (r.expires_at and r.expires_at <= now)
+        ]
+        dead.sort(key=lambda r: (r.finished_at or 0, r.job_id), reverse=True)
+        return dead
+
+    def dead_letters(self, queue: str, offset: int = 0, limit: int = 100) -> list[JobRecord]:
+        with self._cond:
+            dead = self._dead(self._peek(queue), self._now())[offset : offset + limit]
+            return [self._record(queue, r) for r in dead]
+
+    def count_dead(self, queue: str) -> int:
+        with self._cond:
+            return len(self._dead(self._peek(queue), self._now()))
+
+    def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
+        with self._cond:
+            q = self._peek(queue)
+            dead = self._dead(q, self._now())
+            wanted = None if job_ids is None else set(job_ids)
+            doomed = [r.job_id for r in dead if wanted is None or r.job_id in wanted]
+            for job_id in doomed:
+                del q.jobs[job_id]
+            return len(doomed)
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         with self._cond:

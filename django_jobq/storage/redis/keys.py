@@ -94,6 +94,12 @@ class QueueKeys:
         return f"{self.tag}:stats"
 
     @property
+    def dead(self) -> str:
+        """ZSET of the dead-letter list: ids that failed for good -> when their record expires
+        (ms). Scored by expiry so that dropping expired entries is one ZREMRANGEBYSCORE."""
+        return f"{self.tag}:dead"
+
+    @property
     def blocked(self) -> str:  # SET of ids that have a blocked singleton successor
         return f"{self.tag}:blocked"
 

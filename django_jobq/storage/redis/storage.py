@@ -20,6 +20,7 @@ from ...job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
 )
@@ -427,7 +428,7 @@ class RedisStorage(Storage):
         if ack.kind == "fail":
             keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
             args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent else 0]
-            return "fail", keys + self._settle_keys(queue), args
+            return "fail", [*keys, *self._settle_keys(queue), k.dead], args
         if ack.kind == "postpone":
             keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.config]
             keys.append(k.capped)
@@ -519,6 +520,50 @@ class RedisStorage(Storage):
         )  # fmt: skip
         return ChangeOutcome(_s(raw))
 
+    def retry(self, queue: str, job_id: str) -> RetryOutcome:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "retry",
+            [k.job(job_id), k.queued, k.dead, k.wake, k.events],
+            [self._now_arg(), self.events_maxlen, job_id],
+        )
+        return RetryOutcome(_s(raw))
+
+    def _prune_dead(self, queue: str) -> None:
+        """Entries whose record expired leave the list by score (their expiry time)."""
+        self.client.zremrangebyscore(self.keys(queue).dead, "-inf", self._now())
+
+    def dead_letters(self, queue: str, offset: int = 0, limit: int = 100) -> list[JobRecord]:
+        self._prune_dead(queue)
+        ids = [_s(x) for x in self.client.zrevrange(self.keys(queue).dead, offset,
+                                                      offset + limit - 1)]  # fmt: skip
+        records = self.get_records(queue, ids)
+        # A record cleaned by SCAN, or an id a new job took after a purge, is not dead.
+        return [r for r in records.values() if r is not None and r.state is JobState.FAILED]
+
+    def count_dead(self, queue: str) -> int:
+        self._prune_dead(queue)
+        return int(self.client.zcard(self.keys(queue).dead))
+
+    def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
+        """Deleted through clean.lua, which re-checks each record is still failed."""
+        k = self.keys(queue)
+        deleted = 0
+        while True:
+            if job_ids is None:
+                batch = [_s(x) for x in self.client.zrange(k.dead, 0, SCAN_CHUNK - 1)]
+            else:
+                batch, job_ids = list(job_ids[:SCAN_CHUNK]), job_ids[SCAN_CHUNK:]
+            if not batch:
+                return deleted
+            args = [self._now_arg(), 0, JobState.FAILED.value, *batch]
+            n = int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted += n
+            if job_ids is None:
+                # Entries that were not failed any more (retried in between) leave too, so
+                # the loop always makes progress.
+                self.client.zrem(k.dead, *batch)
+
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         return self.get_records(queue, [job_id])[job_id]
 
@@ -558,7 +603,7 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "reap",
-            [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue)],
+            [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead],
             [self._now_arg(), self.events_maxlen, limit],
         )
         promoted, n_requeued = raw[0], raw[1]
@@ -655,7 +700,7 @@ class RedisStorage(Storage):
         def flush() -> int:
             args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - deleted]]
             batch.clear()
-            return int(self.scripts.call("clean", [k.job_prefix], args))
+            return int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
 
         for job_id in self.scan_job_ids(queue, count=SCAN_CHUNK):
             batch.append(job_id)

@@ -5,6 +5,7 @@ their own TTL); each record is checked and deleted here, so a record that change
 scan (a new job under a freed id) is never deleted by mistake.
 
 KEYS[1] job key prefix "{p:q}:job:"
+KEYS[2] dead           ZSET (the dead-letter list): a deleted record leaves it
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] age (ms): records whose 'finished' is at or before now - age go
@@ -26,6 +27,7 @@ for i = 4, #ARGV do
   local f = redis.call('HMGET', job_key, 'state', 'finished')
   if f[1] and wanted[f[1]] and f[2] and tonumber(f[2]) <= cutoff then
     n = n + redis.call('DEL', job_key)
+    redis.call('ZREM', KEYS[2], ARGV[i])
   end
 end
 return n

@@ -7,6 +7,7 @@ KEYS[4] done    LIST (outcome for waiters)
 KEYS[5] capped  STRING flag (a claim waits for a free concurrency slot)
 KEYS[6..13] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
         scheduled, wake, events (see settle_keys in common.lua)
+KEYS[14] dead   ZSET (the dead-letter list: id -> record expiry ms)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -18,7 +19,8 @@ ARGV[7] permanent (1 = no further attempts)
 
 Returns: 2 failed for good; 3 retrying; 0 lease lost (nothing written).
 Events: 'retrying' or 'failed'. A retry wakes idle workers so they re-read the next due time.
-Failed for good settles the job like complete.lua (dedup key freed, successor released); a
+Failed for good settles the job like complete.lua (dedup key freed, successor released) and
+puts it on the dead-letter list (unless a successor took the id over); a
 retrying job keeps both: it is not finished, and its successor must not run beside it.
 ]]
 --@include common
@@ -44,6 +46,7 @@ if ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
     local h = sched()
     h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[6], f[7], f[8], now)
   end
+  bury(job_key, KEYS[14], id, now)
   return 2
 end
 

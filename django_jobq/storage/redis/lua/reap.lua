@@ -6,6 +6,7 @@ KEYS[3] stats           HASH
 KEYS[4] capped          STRING flag (a claim waits for a free concurrency slot)
 KEYS[5..12] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
         scheduled, wake, events (see settle_keys in common.lua)
+KEYS[13] dead           ZSET (the dead-letter list: id -> record expiry ms)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -14,8 +15,9 @@ ARGV[3] limit (jobs per category and call)
 Returns: { promoted count, requeued count, requeued ids..., failed ids... }
 Events: 'stalled' for a job put back in the queue (stalls + 1, same place in line), 'failed'
 for one past max_stalls (waiters told; settled like complete.lua: dedup key freed, blocked
-successor released), 'queued' for each promoted job.
-Result expiry needs no work here: finished records carry a Redis TTL.
+successor released, put on the dead-letter list), 'queued' for each promoted job.
+Result expiry needs no work here: finished records carry a Redis TTL; dead-letter entries whose
+record expired are dropped here.
 ]]
 --@include common
 --@include sched
@@ -44,6 +46,7 @@ for _, id in ipairs(expired) do
         local h = sched()
         h.settle(h.settle_keys(KEYS, 5), maxlen, id, f[7], f[8], f[9], now)
       end
+      bury(job_key, KEYS[13], id, now)
       table.insert(failed, id)
     else
       -- A stalled run reached no verdict: like a release it costs no attempt (stalls count it).
@@ -56,6 +59,7 @@ for _, id in ipairs(expired) do
   end
 end
 
+redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', fmt(now))
 local promoted = promote_due(job_prefix, scheduled_key, queued_key, stats_key, events_key,
   maxlen, now, limit)
 if #expired > 0 then redis.call('DEL', capped_key) end

@@ -60,6 +60,13 @@ local function finish(job_key, done_key, stats_key, state, body, now)
   end
 end
 
+-- A job that failed for good joins the dead-letter list, scored by when its record expires
+-- (finish() set that TTL), unless a blocked singleton successor took the id over.
+local function bury(job_key, dead_key, id, now)
+  if redis.call('HGET', job_key, 'state') ~= 'failed' then return end
+  redis.call('ZADD', dead_key, now + math.max(redis.call('PTTL', job_key), 0), id)
+end
+
 -- Move due scheduled / retrying jobs to queued (at most `limit`). Returns how many moved.
 local function promote_due(job_prefix, scheduled_key, queued_key, stats_key, events_key,
                            maxlen, now, limit)
