@@ -10,10 +10,21 @@ import datetime as dt
 import enum
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InvalidOption
 from .states import JobState
+
+#: Log lines kept per job (older ones drop off) and the longest line kept (longer are cut).
+LOG_LINES = 100
+LOG_LINE_MAX = 2000
+#: The largest progress value, as JSON: progress is a status line, not a result channel.
+PROGRESS_MAX_BYTES = 16 * 1024
+
+#: Sends (progress JSON or None, log line or None) for the running attempt; False: lease lost.
+Reporter = Callable[[bytes | None, str | None], bool]
 
 
 def ms_to_datetime(ms: int | None) -> dt.datetime | None:
@@ -193,6 +204,8 @@ class JobRecord:
     min_backoff: int = 0
     max_backoff: int = 0
     has_successor: bool = False  # a blocked singleton successor waits for this job to finish
+    progress: bytes | None = None  # JSON of the handler's last set_progress
+    logs: tuple[tuple[int, str], ...] = ()  # (epoch ms, message), oldest first, last LOG_LINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +290,8 @@ class JobStatus:
     group: str | None = None
     dedup_key: str | None = None
     has_successor: bool = False  # a blocked singleton run waits for this one
+    progress: Any = None  # the handler's last job.set_progress value
+    logs: tuple[tuple[dt.datetime, str], ...] = ()  # the last LOG_LINES job.log lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +333,45 @@ class Job:
     max_attempts: int
     token: int = 0
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    # Set by the worker: stores progress and log lines with the job, fenced by this attempt's
+    # token. None when a handler is called outside a worker (tests): values stay local.
+    reporter: Reporter | None = field(default=None, repr=False)
+    progress: Any = None
+    logs: list[str] = field(default_factory=list, repr=False)
 
     def is_cancelled(self) -> bool:
         """True once the worker wants this job to stop: shutdown past grace, or lease lost."""
         return self.cancel_event.is_set()
+
+    def set_progress(self, value: Any) -> bool:
+        """Publish how far the job got (a number such as 0-100, or a JSON dict), shown by
+        ``get_status``, the admin and the API and emitted as a ``progress`` event. Returns
+        False when this attempt no longer owns the job (its lease was lost): stop early."""
+        try:
+            body = json.dumps(value, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidOption(f"progress must be JSON-serialisable: {exc}") from exc
+        if len(body) > PROGRESS_MAX_BYTES:
+            raise InvalidOption(f"progress is {len(body)} bytes of JSON, over {PROGRESS_MAX_BYTES}")
+        self.progress = value
+        return self._report(body, None)
+
+    def log(self, message: str) -> bool:
+        """Keep a line with the job (the last LOG_LINES; longer lines are cut), emitted as a
+        ``log`` event. For what an operator looking at this one job should see; use Python
+        logging for everything else. Returns False when the lease was lost."""
+        line = str(message)[:LOG_LINE_MAX]
+        self.logs.append(line)
+        del self.logs[:-LOG_LINES]
+        return self._report(None, line)
+
+    def _report(self, progress: bytes | None, line: str | None) -> bool:
+        if self.reporter is None:
+            return True
+        ok = self.reporter(progress, line)
+        if not ok:
+            self.cancel_event.set()  # the lease is gone: the same signal as a lost heartbeat
+        return ok
 
     @property
     def is_last_attempt(self) -> bool:

@@ -45,7 +45,7 @@ GROUP = "jobq-mirror"
 JOB_FIELDS = (
     "state", "handler", "payload", "content_type", "result", "error", "attempts",
     "max_attempts", "stalls", "max_stalls", "priority", "result_ttl", "run_at", "created_at",
-    "started_at", "finished_at", "expires_at", "worker",
+    "started_at", "finished_at", "expires_at", "worker", "progress", "logs",
 )  # fmt: skip
 # Column order of the raw upsert (see ``upsert``): JOB_FIELDS plus the key and model defaults.
 JOB_COLUMNS = (
@@ -79,6 +79,15 @@ def _error(raw: bytes | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return {"type": "Unreadable", "message": raw.decode("utf-8", "replace")}
+
+
+def _progress(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:  # written by hand into Redis: keep it visible as text
+        return raw.decode("utf-8", "replace")
 
 
 def _converter(field: Any, conn: Any) -> Any:
@@ -311,7 +320,8 @@ class Mirror:
                 queue, r.job_id, r.state.value, name, r.payload or b"", r.content_type,
                 r.result, _error(r.error), r.attempts, r.max_attempts, r.stalls, r.max_stalls,
                 r.priority, r.result_ttl, _dt(r.run_at), _dt(r.created_at), _dt(r.started_at),
-                _dt(r.finished_at), _dt(r.expires_at), r.worker or "",
+                _dt(r.finished_at), _dt(r.expires_at), r.worker or "", _progress(r.progress),
+                [list(line) for line in r.logs] or None,
                 # columns the mirror does not know: the model's defaults
                 1000, 3_600_000, 0, 0,
             )

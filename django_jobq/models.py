@@ -61,6 +61,11 @@ class Job(models.Model):
     token = models.PositiveBigIntegerField(default=0)  # fencing token of the current claim
     lease_deadline = models.DateTimeField(null=True, blank=True)
     waiters = models.PositiveIntegerField(default=0)
+    # What the handler reported while running (job.set_progress / job.log): progress is its
+    # latest JSON value, logs the last LOG_LINES [epoch ms, message] pairs. Nullable, so the
+    # raw INSERTs that do not name them need no database default.
+    progress = models.JSONField(null=True, blank=True)
+    logs = models.JSONField(null=True, blank=True)
     # Scheduling (issue 4). Database defaults too, because the Redis mirror inserts rows with
     # raw SQL that names only the columns it knows.
     lifo = models.BooleanField(default=False, db_default=False)

@@ -4,6 +4,7 @@ hands storage one atomic operation per call."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import time
@@ -529,6 +530,8 @@ class Queue:
             group=record.group,
             dedup_key=record.dedup_key,
             has_successor=record.has_successor,
+            progress=_decode_progress(record.progress),
+            logs=tuple((ms_to_datetime(at) or _EPOCH, line) for at, line in record.logs),
         )
 
     def get_payload(self, job_id: str) -> Any:
@@ -590,6 +593,16 @@ class Queue:
         return EnqueueResult(
             stored.outcome, stored.job_id, stored.state, result, decode_error(stored.error)
         )
+
+
+_EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)
+
+
+def _decode_progress(raw: bytes | None) -> Any:
+    try:
+        return None if raw is None else json.loads(raw)
+    except ValueError:  # not written by set_progress (by hand into storage): show it raw
+        return raw
 
 
 def now_ms() -> int:

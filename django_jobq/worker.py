@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError
 from .execution import execute, make_job
-from .job import AckOutcome, ClaimedJob, Job, QueueLimits
+from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
 from .validation import validate_job_id, validate_queue_name
@@ -216,11 +216,28 @@ class Worker:
         with self._cond:
             self._free -= len(jobs)
             for claimed in jobs:
+                job = make_job(claimed, None)
+                job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
-                    claimed, make_job(claimed, None)
+                    claimed, job
                 )
         for claimed in jobs:
             self._work.put(claimed)
+
+    def _reporter(self, claimed: ClaimedJob) -> Reporter:
+        """job.set_progress / job.log of one attempt, fenced by its token."""
+
+        def report(progress: bytes | None, line: str | None) -> bool:
+            try:
+                return self.storage.report(
+                    claimed.queue, claimed.job_id, claimed.token, progress=progress, log=line
+                )
+            except Exception as exc:  # storage blip: progress is not worth failing the job for
+                logger.warning("progress of %s/%s not stored: %s", claimed.queue,
+                               claimed.job_id, exc)  # fmt: skip
+                return True
+
+        return report
 
     # -- running ----------------------------------------------------------------------------
 

@@ -95,6 +95,19 @@ def test_a_retried_dead_letter_is_mirrored_back_to_queued(redis_storage, mirror,
     assert kinds == ["queued", "active", "failed", "retried"]
 
 
+def test_progress_and_logs_are_mirrored(redis_storage, mirror, alias):
+    mirror.queues()
+    enqueue(redis_storage, "p")
+    job = redis_storage.claim(Q, "worker-1", 1, 30_000).jobs[0]
+    redis_storage.report(Q, "p", job.token, progress=b'{"step": 2}', log="halfway")
+    mirror.drain()
+    row = Job.objects.using(alias).get(queue=Q, job_id="p")
+    assert row.progress == {"step": 2}
+    assert [line for _, line in row.logs] == ["halfway"]
+    kinds = list(JobEvent.objects.using(alias).filter(job=row).values_list("kind", flat=True))
+    assert kinds == ["queued", "active", "progress", "log"]
+
+
 def test_crash_before_ack_redelivers_and_writes_once(redis_storage, alias, monkeypatch):
     first = Mirror(redis_storage, queues=[Q], using=alias, consumer="m1")
     first.queues()

@@ -215,6 +215,22 @@ class Storage(abc.ABC):
         until then either (an upstream API said so). Lease-checked; a job with a blocked
         successor keeps it (the job is not finished)."""
 
+    @abc.abstractmethod
+    def report(
+        self,
+        queue: str,
+        job_id: str,
+        token: int,
+        *,
+        progress: bytes | None = None,
+        log: str | None = None,
+    ) -> bool:
+        """The running attempt tells how it is doing, in one atomic step, only if ``token`` is
+        still the job's lease: ``progress`` (JSON) replaces the last one (event ``progress``);
+        ``log`` is appended with the time (event ``log``), keeping the last ``LOG_LINES``.
+        Both stay with the record (an operator ``retry`` clears the progress, not the logs).
+        Returns False, writing nothing, when the lease was lost."""
+
     def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
         """Apply several verdicts; each stays its own atomic step. Backends batch round trips."""
         out = []

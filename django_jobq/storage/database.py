@@ -41,6 +41,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 
 from ..errors import QueueBusy, StorageError
 from ..job import (
+    LOG_LINES,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -1080,6 +1081,39 @@ class DatabaseStorage(Storage):
                     self._release_successor(queue, row.job_id, row.pk, now)
         return out
 
+    def report(
+        self,
+        queue: str,
+        job_id: str,
+        token: int,
+        *,
+        progress: bytes | None = None,
+        log: str | None = None,
+    ) -> bool:
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            owned = self._jobs().filter(
+                queue=queue, job_id=job_id, state=JobState.ACTIVE, token=token
+            )
+            if self.vendor == "postgresql":
+                owned = owned.select_for_update()
+            row = owned.values("id", "logs", "worker").first()
+            if row is None:
+                return False
+            fields: dict[str, Any] = {}
+            if progress is not None:
+                fields["progress"] = json.loads(progress)
+            if log is not None:
+                fields["logs"] = [*(row["logs"] or []), [now, log]][-LOG_LINES:]
+            self._jobs().filter(pk=row["id"]).update(**fields)
+            target = [(row["id"], queue, job_id)]
+            if progress is not None:
+                self._events(target, "progress", now, row["worker"])
+            if log is not None:
+                self._events(target, "log", now, row["worker"])
+            return True
+
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         now = self._now()
         with self._atomic():
@@ -1218,7 +1252,7 @@ class DatabaseStorage(Storage):
                 return RetryOutcome.WAITING
             # Its place in line (priority, order key, id) is in the row: it is kept.
             self._jobs().filter(pk=row.pk).update(
-                state=JobState.QUEUED, attempts=0, stalls=0, error=None, result=None,
+                state=JobState.QUEUED, attempts=0, stalls=0, error=None, result=None, progress=None,
                 finished_at=None, expires_at=None, run_at=None, lease_deadline=None,
             )  # fmt: skip
             # A simple-mode key was free once the job ended; the retried job does not retake it.
@@ -1286,6 +1320,8 @@ class DatabaseStorage(Storage):
             min_backoff=row.min_backoff,
             max_backoff=row.max_backoff,
             has_successor=row.has_successor,
+            progress=None if row.progress is None else _json_bytes(row.progress),
+            logs=tuple((int(at), str(line)) for at, line in row.logs or ()),
         )
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import QueueBusy
 from ..job import (
+    LOG_LINES,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -72,6 +73,8 @@ class _Rec:
     expires_at: int | None = None
     version: int = 0  # set on each re-index; stale heap entries carry an older one
     successor: _Rec | None = None  # blocked singleton run of this id (its run_at: due time)
+    progress: bytes | None = None
+    logs: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -523,6 +526,30 @@ class MemoryStorage(Storage):
             self._cond.notify_all()
             return AckOutcome.RETRYING
 
+    def report(
+        self,
+        queue: str,
+        job_id: str,
+        token: int,
+        *,
+        progress: bytes | None = None,
+        log: str | None = None,
+    ) -> bool:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            rec = self._owned(q, job_id, token)
+            if rec is None:
+                return False
+            if progress is not None:
+                rec.progress = progress
+                self._event(queue, q, rec, "progress", now)
+            if log is not None:
+                rec.logs.append((now, log))
+                del rec.logs[:-LOG_LINES]
+                self._event(queue, q, rec, "log", now)
+            return True
+
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         with self._cond:
             now = self._now()
@@ -619,7 +646,7 @@ class MemoryStorage(Storage):
             if key is not None and key.rec is rec and key.mode is DedupMode.SIMPLE:
                 del q.keys[rec.dedup_key or ""]  # freed when it ended; a retry does not retake it
             rec.attempts = rec.stalls = 0
-            rec.error = rec.result = None
+            rec.error = rec.result = rec.progress = None
             rec.finished_at = rec.expires_at = rec.run_at = None
             self._index_queued(q, rec)
             self._event(queue, q, rec, "retried", now)
@@ -689,6 +716,8 @@ class MemoryStorage(Storage):
             min_backoff=o.min_backoff,
             max_backoff=o.max_backoff,
             has_successor=rec.successor is not None,
+            progress=rec.progress,
+            logs=tuple(rec.logs),
         )
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:

@@ -25,7 +25,7 @@ def _read(name: str) -> str:
 
 NAMES = (
     "enqueue", "claim", "heartbeat", "complete", "complete_many", "fail", "release", "postpone",
-    "cancel", "change", "reap", "drain", "clean", "control", "retry",
+    "cancel", "change", "reap", "drain", "clean", "control", "retry", "report",
 )  # fmt: skip
 SOURCES: dict[str, str] = {name: _read(name) for name in NAMES}
 SHAS: dict[str, str] = {

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import QueueBusy
 from ...job import (
+    LOG_LINES,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -106,6 +107,10 @@ def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecor
         min_backoff=_i(f.get("min_backoff")),
         max_backoff=_i(f.get("max_backoff")),
         has_successor=_opt_s(f.get("succ")) == "1",
+        progress=f.get("progress"),
+        logs=tuple((int(at), str(line)) for at, line in json.loads(f["logs"]))
+        if f.get("logs")
+        else (),
     )
 
 
@@ -483,6 +488,21 @@ class RedisStorage(Storage):
         permanent: bool = False,
     ) -> AckOutcome:
         return self._ack(queue, Ack("fail", job_id, token, error, retry_in, permanent))
+
+    def report(
+        self,
+        queue: str,
+        job_id: str,
+        token: int,
+        *,
+        progress: bytes | None = None,
+        log: str | None = None,
+    ) -> bool:
+        k = self.keys(queue)
+        args = [self._now_arg(), self.events_maxlen, job_id, token,
+                b"" if progress is None else progress, "" if log is None else "1", log or "",
+                LOG_LINES]  # fmt: skip
+        return self.scripts.call("report", [k.job(job_id), k.events], args) == 1
 
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         return self._ack(queue, Ack("release", job_id, token))

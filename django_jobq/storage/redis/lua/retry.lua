@@ -13,8 +13,8 @@ ARGV[3] job id
 Returns: 'retried', or why not: 'not_found', 'waiting' (scheduled, queued, retrying),
 'active', 'completed'.
 Events: 'retried'.
-The record stops expiring, attempts and stalls restart from 0, the last error, result and
-finish time go, and the job takes its old place in line (its order key is kept). A dedup key
+The record stops expiring, attempts and stalls restart from 0, the last error, result,
+progress and finish time go (its log lines stay), and the job takes its old place in line (its order key is kept). A dedup key
 it held was freed when it ended and is not taken again.
 ]]
 --@include common
@@ -31,7 +31,7 @@ if state ~= 'failed' and state ~= 'cancelled' then return 'waiting' end
 local now = now_ms(ARGV[1])
 redis.call('PERSIST', job_key)
 redis.call('HSET', job_key, 'state', 'queued', 'attempts', 0, 'stalls', 0)
-redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at')
+redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at', 'progress')
 redis.call('ZADD', queued_key, queued_score(f[2], f[3], f[4]), id)
 redis.call('ZREM', dead_key, id)
 emit(events_key, ARGV[2], id, 'retried', now)
