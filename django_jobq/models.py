@@ -102,6 +102,11 @@ class Job(models.Model):
             models.Index(fields=["expires_at"], name="jobq_job_expires"),
         ]
         ordering = ["-created_at"]
+        # Admin actions that change what a job does next, granted apart from "change".
+        permissions = [
+            ("cancel_job", "Can cancel jobs"),
+            ("retry_job", "Can retry and requeue jobs"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id} ({self.state})"

@@ -11,8 +11,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from .models import Schedule
-from .schedules import describe, fire_now, validate_schedule
+from ..models import Schedule
+from ..schedules import describe, fire_now, validate_schedule
 
 
 class ScheduleForm(forms.ModelForm):

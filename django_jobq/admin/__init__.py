@@ -1,0 +1,19 @@
+"""The django-jobq admin: queues overview with charts, jobs, workers and schedules.
+
+Every change an operator makes goes through the Queue API (so Redis and the mirror agree);
+the pages only read rows and live storage figures. See docs/admin.md.
+"""
+
+from django.contrib import admin
+
+from ..models import Job, QueueConfig, WorkerInfo
+from .jobs import JobAdmin
+from .queues import QueueAdmin
+from .schedules import ScheduleAdmin, ScheduleForm
+from .workers import WorkerAdmin
+
+admin.site.register(Job, JobAdmin)
+admin.site.register(QueueConfig, QueueAdmin)
+admin.site.register(WorkerInfo, WorkerAdmin)
+
+__all__ = ["JobAdmin", "QueueAdmin", "ScheduleAdmin", "ScheduleForm", "WorkerAdmin"]

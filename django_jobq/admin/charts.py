@@ -1,0 +1,275 @@
+"""Charts drawn on the server as inline SVG: no JavaScript library, no CDN (admin machines
+often have no internet), and colours from CSS classes so dark mode restyles them.
+
+Two figures per queue and window: throughput (completed and failed jobs per minute, stacked
+bars) and wait / run-time percentiles (p50 and p95 lines). Data comes from the job rows'
+``finished_at`` (indexed); the percentiles read at most ``SAMPLE`` of the newest finished jobs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db.models import Count
+from django.db.models.functions import TruncHour, TruncMinute
+from django.db.models.functions.datetime import TruncBase
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from ..models import Job
+from ..states import JobState
+
+SAMPLE = 20_000
+WIDTH, HEIGHT = 640, 200
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 14, 28
+
+
+@dataclass(frozen=True)
+class Window:
+    key: str
+    label: str
+    step: dt.timedelta
+    buckets: int
+    trunc: type[TruncBase]
+
+    @property
+    def span(self) -> dt.timedelta:
+        return self.step * self.buckets
+
+    def start(self, now: dt.datetime) -> dt.datetime:
+        """The first bucket's start: buckets are aligned to whole minutes / hours (UTC), so
+        the database can group rows by truncating their time."""
+        unit = int(self.step.total_seconds())
+        epoch = int(now.timestamp()) // unit * unit
+        return dt.datetime.fromtimestamp(epoch, tz=dt.UTC) - self.step * (self.buckets - 1)
+
+
+WINDOWS = (
+    Window("hour", "last hour", dt.timedelta(minutes=1), 60, TruncMinute),
+    Window("day", "last 24 hours", dt.timedelta(hours=1), 24, TruncHour),
+)
+
+
+@dataclass
+class Series:
+    name: str
+    css: str
+    values: list[float | None]
+
+
+def bucket_of(when: dt.datetime, start: dt.datetime, window: Window) -> int | None:
+    index = int((when - start) / window.step)
+    return index if 0 <= index < window.buckets else None
+
+
+def throughput(alias: str, queue: str, window: Window, now: dt.datetime) -> list[Series]:
+    """Completed and failed jobs per minute in each bucket of the window."""
+    start = window.start(now)
+    done = {JobState.COMPLETED.value: [0.0] * window.buckets,
+            JobState.FAILED.value: [0.0] * window.buckets}  # fmt: skip
+    rows = (
+        Job.objects.using(alias)
+        .filter(queue=queue, finished_at__gte=start, state__in=list(done))
+        .annotate(bucket=window.trunc("finished_at", tzinfo=dt.UTC))
+        .values("bucket", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in rows:
+        index = bucket_of(row["bucket"], start, window)
+        if index is not None:
+            done[row["state"]][index] += row["n"]
+    per_minute = window.step.total_seconds() / 60
+    return [
+        Series("completed", "ok", [n / per_minute for n in done["completed"]]),
+        Series("failed", "bad", [n / per_minute for n in done["failed"]]),
+    ]
+
+
+def percentiles(alias: str, queue: str, window: Window, now: dt.datetime) -> list[Series]:
+    """p50 / p95 of wait time (due → started) and run time (started → finished), seconds."""
+    start = window.start(now)
+    rows = (
+        Job.objects.using(alias)
+        .filter(queue=queue, finished_at__gte=start, started_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("created_at", "run_at", "started_at", "finished_at")[:SAMPLE]
+    )
+    waits: list[list[float]] = [[] for _ in range(window.buckets)]
+    runs: list[list[float]] = [[] for _ in range(window.buckets)]
+    for created, run_at, started, finished in rows:
+        index = None if finished is None else bucket_of(finished, start, window)
+        if index is None or started is None or finished is None:
+            continue
+        due = run_at if run_at and run_at > created else created
+        waits[index].append(max(0.0, (started - due).total_seconds()))
+        runs[index].append(max(0.0, (finished - started).total_seconds()))
+    return [
+        Series("wait p50", "wait", [quantile(b, 0.5) for b in waits]),
+        Series("wait p95", "wait95", [quantile(b, 0.95) for b in waits]),
+        Series("run p50", "run", [quantile(b, 0.5) for b in runs]),
+        Series("run p95", "run95", [quantile(b, 0.95) for b in runs]),
+    ]
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Nearest-rank quantile: an observed value, never an interpolation between two."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def finished_counts(alias: str, since: dt.datetime) -> dict[str, dict[str, int]]:
+    """{queue: {state: n}} of jobs finished since ``since`` (one indexed query for all)."""
+    out: dict[str, dict[str, int]] = {}
+    rows = (
+        Job.objects.using(alias)
+        .filter(finished_at__gte=since)
+        .values("queue", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in rows:
+        out.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    return out
+
+
+# -- drawing ------------------------------------------------------------------------------
+
+
+def _scale(top: float) -> tuple[float, list[float]]:
+    """A round upper bound and 4 gridlines, so axes read 0 / 5 / 10 rather than 0 / 4.37."""
+    if top <= 0:
+        return 1.0, [0.25, 0.5, 0.75, 1.0]
+    magnitude = 10 ** math.floor(math.log10(top))
+    for step in (1, 2, 2.5, 5, 10):
+        bound = step * magnitude
+        if bound >= top:
+            break
+    return bound, [bound * i / 4 for i in range(1, 5)]
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.3g}"
+    return f"{value:.2g}"
+
+
+def _n(value: float) -> str:
+    """A coordinate with one decimal (format_html escapes its arguments into strings)."""
+    return f"{value:.1f}"
+
+
+def _frame(title: str, unit: str, bound: float, grid: list[float], labels: Sequence[str]) -> str:
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    parts = [format_html("<title>{}</title>", title)]
+    for value in [0.0, *grid]:
+        y = TOP + plot_h - value / bound * plot_h
+        parts.append(format_html(
+            '<line class="grid" x1="{}" x2="{}" y1="{}" y2="{}"/>'
+            '<text class="axis" x="{}" y="{}" text-anchor="end">{}</text>',
+            LEFT, WIDTH - RIGHT, _n(y), _n(y), LEFT - 6, _n(y + 4), _fmt(value),
+        ))  # fmt: skip
+    parts.append(format_html(
+        '<text class="axis" x="4" y="{}" transform="rotate(-90 10 {})">{}</text>',
+        TOP + plot_h // 2, TOP + plot_h // 2, unit,
+    ))  # fmt: skip
+    for i, label in enumerate(labels):
+        x = LEFT + plot_w * i / max(1, len(labels) - 1)
+        anchor = "start" if i == 0 else "end" if i == len(labels) - 1 else "middle"
+        parts.append(format_html(
+            '<text class="axis" x="{}" y="{}" text-anchor="{}">{}</text>',
+            _n(x), HEIGHT - 8, anchor, label,
+        ))  # fmt: skip
+    return "".join(parts)
+
+
+def _svg(title: str, body: str, legend: list[Series]) -> SafeString:
+    keys = format_html_join(
+        "", '<span class="jobq-key jobq-key-{}">{}</span>', ((s.css, s.name) for s in legend)
+    )
+    return format_html(
+        '<figure class="jobq-chart"><figcaption>{} <span class="jobq-legend">{}</span>'
+        '</figcaption><svg viewBox="0 0 {} {}" role="img" aria-label="{}" '
+        'preserveAspectRatio="xMidYMid meet">{}</svg></figure>',
+        title, keys, WIDTH, HEIGHT, title, mark_safe(body),  # noqa: S308 - built with format_html
+    )  # fmt: skip
+
+
+def bar_chart(title: str, unit: str, stacked: list[Series], labels: Sequence[str]) -> SafeString:
+    buckets = len(stacked[0].values)
+    totals = [sum(s.values[i] or 0 for s in stacked) for i in range(buckets)]
+    bound, grid = _scale(max(totals, default=0))
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    slot = plot_w / buckets
+    parts = [_frame(title, unit, bound, grid, labels)]
+    for i in range(buckets):
+        base = 0.0
+        for series in stacked:
+            value = series.values[i] or 0
+            if value <= 0:
+                continue
+            height = value / bound * plot_h
+            y = TOP + plot_h - (base + value) / bound * plot_h
+            parts.append(format_html(
+                '<rect class="bar {}" x="{}" y="{}" width="{}" height="{}">'
+                "<title>{}: {}/min</title></rect>",
+                series.css, _n(LEFT + i * slot + 1), _n(y), _n(max(1.0, slot - 2)), _n(height),
+                series.name, _fmt(value),
+            ))  # fmt: skip
+            base += value
+    return _svg(title, "".join(parts), stacked)
+
+
+def line_chart(title: str, unit: str, lines: list[Series], labels: Sequence[str]) -> SafeString:
+    top = max((v for s in lines for v in s.values if v is not None), default=0.0)
+    bound, grid = _scale(top)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    parts = [_frame(title, unit, bound, grid, labels)]
+    for series in lines:
+        count = len(series.values)
+        points = [
+            (LEFT + plot_w * (i + 0.5) / count, TOP + plot_h - v / bound * plot_h)
+            for i, v in enumerate(series.values)
+            if v is not None
+        ]
+        if len(points) > 1:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            parts.append(format_html('<polyline class="line {}" points="{}"/>', series.css, coords))
+        dot = '<circle class="dot {}" cx="{}" cy="{}" r="2.5"/>'
+        parts.extend(format_html(dot, series.css, _n(x), _n(y)) for x, y in points)
+    return _svg(title, "".join(parts), lines)
+
+
+def labels_for(window: Window, now: dt.datetime) -> list[str]:
+    start = timezone.localtime(window.start(now))
+    end = timezone.localtime(now)
+    middle = timezone.localtime(window.start(now) + window.span / 2)
+    return [f"{start:%H:%M}", f"{middle:%H:%M}", f"{end:%H:%M}"]
+
+
+def queue_charts(alias: str, queue: str, now: dt.datetime | None = None) -> list[dict]:
+    """Both figures for each window, ready for the template."""
+    now = now or timezone.now()
+    out = []
+    for window in WINDOWS:
+        labels = labels_for(window, now)
+        out.append({
+            "window": window,
+            "throughput": bar_chart(
+                f"Throughput, {window.label}", "jobs/min",
+                throughput(alias, queue, window, now), labels,
+            ),
+            "latency": line_chart(
+                f"Wait and run time, {window.label}", "seconds",
+                percentiles(alias, queue, window, now), labels,
+            ),
+        })  # fmt: skip
+    return out

@@ -1,0 +1,105 @@
+"""What every admin page shares: where the job rows live, the queue objects, decoding and
+permission names.
+
+The admin reads rows from one database alias: the backend's own tables with the database
+backend, the model mirror with Redis. Live figures (counts, paused, workers) come from the
+storage through the Queue API, which is both cheaper and fresher than the mirror on Redis.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils import timezone
+
+from ..conf import get_storage, jobq_settings
+from ..queue import Queue, get_queue, serde_for
+from ..validation import validate_queue_name
+
+#: Custom permissions of the Job model (migration 0005): who may change what a job does next.
+CANCEL_PERM = "django_jobq.cancel_job"
+RETRY_PERM = "django_jobq.retry_job"
+CHANGE_PERM = "django_jobq.change_job"
+DELETE_PERM = "django_jobq.delete_job"
+QUEUE_CHANGE_PERM = "django_jobq.change_queueconfig"
+
+
+def jobs_alias() -> str:
+    """The database alias holding the Job rows the admin lists."""
+    conf = jobq_settings()
+    if conf["BACKEND"] == "database":
+        return str(conf["DATABASE_ALIAS"])
+    return str(conf["MIRROR"]["DATABASE_ALIAS"])
+
+
+def has_mirror() -> bool:
+    """True when the rows are a read model of another storage (they may lag the truth)."""
+    return jobq_settings()["BACKEND"] != "database"
+
+
+def queue_for(name: str) -> Queue:
+    """The Queue API object for a queue name taken from a URL or a row (validated first)."""
+    return get_queue(validate_queue_name(name))
+
+
+def queue_names() -> list[str]:
+    """Every queue the storage knows, plus configured ones that saw no job yet."""
+    from ..models import QueueConfig
+
+    names = set(get_storage().list_queues())
+    names.update(jobq_settings()["QUEUES"])
+    names.update(QueueConfig.objects.using(jobs_alias()).values_list("name", flat=True))
+    return sorted(names)
+
+
+def decode_blob(raw: Any, content_type: str) -> Any:
+    """A payload or result as Python data; bytes that no longer decode are shown raw rather
+    than hiding the job."""
+    if raw is None:
+        return None
+    data = bytes(raw)
+    if not data:
+        return None
+    try:
+        return serde_for(content_type).loads(data)
+    except Exception:  # any decoder error: show the bytes instead
+        return data
+
+
+def pretty(value: Any) -> str:
+    """Readable JSON for payloads, results, progress; raw bytes as their repr."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return repr(bytes(value))
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def age(since: dt.datetime | None, now: dt.datetime | None = None) -> str:
+    """A duration as the few units an operator reads at a glance (``3m 12s``)."""
+    if since is None:
+        return "—"
+    seconds = max(0, int(((now or timezone.now()) - since).total_seconds()))
+    return duration(seconds * 1000)
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = int(ms // 1000)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
+    return " ".join(shown) or "0s"
+
+
+def can(request: HttpRequest, perm: str) -> bool:
+    return bool(request.user.has_perm(perm))

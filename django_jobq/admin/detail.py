@@ -1,0 +1,117 @@
+"""Everything the job page shows about one job: its data, its outcome, its history, its
+relatives, and the actions this user may take on it now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.urls import reverse
+
+from ..job import ms_to_datetime
+from ..models import Job, Schedule
+from ..states import JobState
+from .actions import ACTIONS
+from .common import decode_blob, duration, has_mirror, jobs_alias, pretty, queue_for
+
+#: The timeline shows at most this many events (a job retried for days can have thousands).
+TIMELINE_LIMIT = 500
+
+#: Which actions make sense in which state (the storage would refuse the others anyway).
+ACTION_STATES = {
+    "cancel": {JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING, JobState.BLOCKED},
+    "retry": {JobState.FAILED, JobState.CANCELLED},
+    "requeue_dead": {JobState.FAILED},
+    "delete": {JobState.FAILED},
+    "run_now": {JobState.SCHEDULED, JobState.RETRYING},
+    "priority": {JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING},
+}
+
+
+def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
+    live, live_error = _live_status(job)
+    return {
+        "title": f"Job {job.job_id}",
+        "opts": admin.model._meta,
+        "job": job,
+        "live": live,
+        "live_error": live_error,
+        "mirror": has_mirror(),
+        "payload": pretty(decode_blob(job.payload, job.content_type)),
+        "result": _result(job),
+        "error": job.error if isinstance(job.error, dict) else None,
+        "progress": None if job.progress is None else pretty(job.progress),
+        "logs": [(ms_to_datetime(at), line) for at, line in (job.logs or [])],
+        "events": list(job.events.using(jobs_alias()).order_by("-at", "-id")[:TIMELINE_LIMIT]),
+        "timing": _timing(job),
+        "related": related(job),
+        "actions": _actions(request, job),
+    }
+
+
+def _live_status(job: Job) -> tuple[Any, str | None]:
+    """The storage's current view: with Redis the mirror row may lag by a batch."""
+    if "~" in job.job_id:
+        return None, None  # a reserved bookkeeping row of the database backend
+    try:
+        return queue_for(job.queue).get_status(job.job_id), None
+    except Exception as exc:  # storage unreachable: the page still shows the row
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _result(job: Job) -> str | None:
+    if job.result is None:
+        return None
+    return pretty(decode_blob(job.result, job.content_type))
+
+
+def _timing(job: Job) -> list[tuple[str, str]]:
+    since = job.run_at if job.run_at and job.run_at > job.created_at else job.created_at
+    rows = []
+    if job.started_at:
+        rows.append(("waited", duration((job.started_at - since).total_seconds() * 1000)))
+    if job.started_at and job.finished_at:
+        rows.append(("ran", duration((job.finished_at - job.started_at).total_seconds() * 1000)))
+    return rows
+
+
+def related(job: Job) -> list[tuple[str, str, str]]:
+    """Links to the job's relatives: the schedule that enqueued it, and for singletons the
+    blocked successor and the earlier runs it replaced (database backend names)."""
+    links: list[tuple[str, str, str]] = []
+    alias = jobs_alias()
+    base = job.job_id.split("~", 1)[0]
+    if base.startswith("schedule."):
+        name = base[len("schedule.") :].rsplit(".", 1)[0]
+        schedule = Schedule.objects.using(alias).filter(name=name).first()
+        if schedule is not None:
+            url = reverse("admin:django_jobq_schedule_change", args=[schedule.pk])
+            links.append(("enqueued by schedule", schedule.name, url))
+    relatives: list[Job] = list(
+        Job.objects.using(alias)
+        .filter(queue=job.queue, job_id__startswith=f"{base}~")
+        .exclude(pk=job.pk)
+        .only("id", "job_id", "state")
+        .order_by("-id")[:20]
+    )
+    if base != job.job_id:
+        relatives += list(
+            Job.objects.using(alias).filter(queue=job.queue, job_id=base).only("id", "job_id")
+        )
+    for other in relatives:
+        kind = "blocked successor" if other.job_id.endswith("~next") else "other run of this id"
+        if other.job_id == base:
+            kind = "the job itself"
+        url = reverse("admin:django_jobq_job_change", args=[other.pk])
+        links.append((kind, f"{other.job_id} ({other.state})", url))
+    return links
+
+
+def _actions(request: HttpRequest, job: Job) -> list[tuple[str, str, str]]:
+    """(name, label, url) of each action allowed to this user and sensible in this state."""
+    out = []
+    for name, spec in ACTIONS.items():
+        if job.state in ACTION_STATES[name] and request.user.has_perm(spec.perm):
+            url = reverse("admin:django_jobq_job_act", args=[job.pk, name])
+            out.append((name, spec.label, url))
+    return out

@@ -1,0 +1,154 @@
+"""The queue overview (the admin's "Queues" entry) and one page per queue with its charts.
+
+State counts, the paused flag and dead letters come from the storage through the Queue API
+(with Redis: a pipelined read of a few keys, fresher than the mirror); throughput, failure
+rate and the oldest waiting job come from the job rows (indexed queries on finished_at and
+(queue, state, created_at)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from ..conf import get_storage
+from ..errors import ValidationError as RefusedInput
+from ..models import Job
+from ..states import JobState
+from .charts import finished_counts, queue_charts
+from .common import QUEUE_CHANGE_PERM, age, jobs_alias, queue_for, queue_names
+from .workers import live_workers
+
+COUNTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING)
+
+
+def queue_row(name: str, finished: dict[str, int], workers: list[dict], now: dt.datetime) -> dict:
+    """One overview row; a queue whose storage read fails still gets a row, with the error."""
+    row: dict[str, Any] = {"name": name, "error": None}
+    try:
+        queue = queue_for(name)
+        counts = queue.counts()
+        row.update(
+            counts={state.value: counts.get(state, 0) for state in COUNTED},
+            paused=queue.is_paused(),
+            dead=queue.count_dead(),
+        )
+    except Exception as exc:  # storage unreachable or a bad name: say so on the row
+        row.update(counts={}, paused=None, dead=None, error=f"{type(exc).__name__}: {exc}")
+    completed = finished.get(JobState.COMPLETED.value, 0)
+    failed = finished.get(JobState.FAILED.value, 0)
+    ended = completed + failed
+    oldest = (
+        Job.objects.using(jobs_alias())
+        .filter(queue=name, state=JobState.QUEUED)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    row.update(
+        completed_hour=completed,
+        failed_hour=failed,
+        per_minute=round(ended / 60, 2),
+        failure_rate=round(100 * failed / ended, 1) if ended else None,
+        oldest_age=age(oldest, now) if oldest else None,
+        workers=[w for w in workers if name in w["queues"]],
+    )  # fmt: skip
+    return row
+
+
+class QueueAdmin(admin.ModelAdmin):
+    """The QueueConfig model's admin entry opens the overview instead of a row list."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.overview_view), name="django_jobq_queueconfig_changelist"),
+            path("q/<str:name>/", wrap(self.queue_view), name="django_jobq_queue_detail"),
+            path(
+                "q/<str:name>/<str:verb>/",
+                wrap(require_POST(self.pause_view)),
+                name="django_jobq_queue_pause",
+            ),
+        ]
+
+    def _context(self, request: HttpRequest, title: str) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "can_pause": request.user.has_perm(QUEUE_CHANGE_PERM),
+        }
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        now = timezone.now()
+        finished = finished_counts(jobs_alias(), now - dt.timedelta(hours=1))
+        workers, workers_error = live_workers()
+        rows = [queue_row(n, finished.get(n, {}), workers, now) for n in queue_names()]
+        context = {
+            **self._context(request, "Queues"),
+            "rows": rows,
+            "workers_error": workers_error,
+            "backend": type(get_storage()).__name__,
+        }
+        return TemplateResponse(request, "admin/django_jobq/queues/overview.html", context)
+
+    def queue_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        if name not in queue_names():
+            raise Http404(f"No queue {name!r}.")
+        now = timezone.now()
+        finished = finished_counts(jobs_alias(), now - dt.timedelta(hours=1)).get(name, {})
+        workers, workers_error = live_workers()
+        context = {
+            **self._context(request, f"Queue {name}"),
+            "row": queue_row(name, finished, workers, now),
+            "charts": queue_charts(jobs_alias(), name, now),
+            "limits": _limits(name),
+            "workers_error": workers_error,
+        }
+        return TemplateResponse(request, "admin/django_jobq/queues/detail.html", context)
+
+    def pause_view(self, request: HttpRequest, name: str, verb: str) -> HttpResponse:
+        if not request.user.has_perm(QUEUE_CHANGE_PERM):
+            raise PermissionDenied
+        if verb not in ("pause", "resume"):
+            raise Http404(f"No such queue action {verb!r}.")
+        try:
+            queue = queue_for(name)
+            queue.pause() if verb == "pause" else queue.resume()
+        except RefusedInput as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            done = "paused: workers take no new jobs" if verb == "pause" else "resumed"
+            self.message_user(request, f"Queue {name} {done}.", messages.SUCCESS)
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+            back = reverse("admin:django_jobq_queueconfig_changelist")
+        return HttpResponseRedirect(back)
+
+
+def _limits(name: str) -> dict[str, Any]:
+    try:
+        limits = queue_for(name).get_limits()
+    except Exception:  # a storage without limits support or unreachable: show none
+        return {}
+    return {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}

@@ -1,0 +1,357 @@
+"""The admin dashboard through Django's test client, on the embedded database backend (SQLite)
+and on Redis with the model mirror: pages render live figures, and every action changes the
+storage through the Queue API, with permissions enforced and per-job outcomes reported."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobq.admin import listing
+from django_jobq.admin.charts import WINDOWS, _scale, quantile, throughput
+from django_jobq.conf import get_storage
+from django_jobq.mirror import Mirror
+from django_jobq.models import Job, JobEvent, WorkerInfo
+from django_jobq.queue import Queue
+from django_jobq.states import JobState
+
+Q = "admin-tests"
+ON_DEFAULT_DB = pytest.mark.django_db(databases=["default"], transaction=True)
+pytestmark = ON_DEFAULT_DB
+
+ERROR = json.dumps({"type": "ValueError", "message": "bad input", "traceback": "Traceback: x"})
+
+
+class Setup:
+    """The configured storage plus a way to bring the rows up to date (the mirror on Redis)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.storage = get_storage()
+        self.queue = Queue(Q)
+
+    def sync(self) -> None:
+        if self.kind == "redis":
+            Mirror(self.storage, queues=[Q], using="default", consumer="admin-tests").drain()
+
+    def row(self, job_id: str) -> Job:
+        self.sync()
+        return Job.objects.get(queue=Q, job_id=job_id)
+
+    def failed(self, job_id: str) -> None:
+        self.queue.enqueue(job_id, {"n": job_id}, max_attempts=1)
+        [claimed] = self.storage.claim(Q, "w-1", 1, 30_000).jobs
+        self.storage.fail(Q, claimed.job_id, claimed.token, ERROR.encode(), permanent=True)
+
+    def completed(self, job_id: str) -> None:
+        self.queue.enqueue(job_id, {"n": job_id})
+        [claimed] = self.storage.claim(Q, "w-1", 1, 30_000).jobs
+        self.storage.complete(Q, claimed.job_id, claimed.token, b'{"ok": true}')
+
+    def state(self, job_id: str) -> JobState:
+        status = self.queue.get_status(job_id)
+        assert status is not None
+        return status.state
+
+
+@pytest.fixture(params=["database", pytest.param("redis", marks=pytest.mark.redis)])
+def jobq(request, settings) -> Setup:
+    if request.param == "database":
+        settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
+    else:
+        prefix = request.getfixturevalue("redis_prefix")
+        settings.JOBQ = {
+            **settings.JOBQ, "BACKEND": "redis", "PREFIX": prefix,
+            "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default"},
+        }  # fmt: skip
+    return Setup(request.param)
+
+
+def staff(username: str, *perms: str) -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def job_url(setup: Setup, job_id: str, *, act: str | None = None) -> str:
+    pk = setup.row(job_id).pk
+    if act:
+        return reverse("admin:django_jobq_job_act", args=[pk, act])
+    return reverse("admin:django_jobq_job_change", args=[pk])
+
+
+CHANGELIST = "admin:django_jobq_job_changelist"
+
+
+# -- overview, queue page, workers -----------------------------------------------------------
+
+
+def test_overview_shows_live_counts_and_pause_resume_goes_through_the_queue(admin_client, jobq):
+    jobq.queue.enqueue("a", 1)
+    jobq.queue.enqueue("b", 2, delay=60_000)
+    jobq.completed("c")
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    assert page.status_code == 200
+    row = next(r for r in page.context["rows"] if r["name"] == Q)
+    assert row["counts"]["queued"] == 1 and row["counts"]["scheduled"] == 1
+    assert row["completed_hour"] == 1 and row["failure_rate"] == 0.0
+    assert row["paused"] is False and row["oldest_age"] is not None
+
+    pause = reverse("admin:django_jobq_queue_pause", args=[Q, "pause"])
+    assert admin_client.post(pause).status_code == 302
+    assert jobq.queue.is_paused()
+    admin_client.post(reverse("admin:django_jobq_queue_pause", args=[Q, "resume"]))
+    assert not jobq.queue.is_paused()
+
+
+def test_pause_needs_post_and_the_change_permission(client, jobq):
+    jobq.queue.enqueue("a", 1)
+    client.force_login(staff("viewer", "view_queueconfig"))
+    pause = reverse("admin:django_jobq_queue_pause", args=[Q, "pause"])
+    assert client.get(pause).status_code == 405
+    assert client.post(pause).status_code == 403
+    assert not jobq.queue.is_paused()
+    page = client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    assert page.status_code == 200 and b"jobq-pause-" not in page.content
+
+
+def test_queue_page_draws_throughput_and_latency_charts(admin_client, jobq):
+    jobq.completed("c1")
+    jobq.failed("f1")
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_queue_detail", args=[Q]))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert html.count('class="jobq-chart"') == 4
+    assert 'class="bar ok"' in html and 'class="bar bad"' in html
+    unknown = admin_client.get(reverse("admin:django_jobq_queue_detail", args=["nope"]))
+    assert unknown.status_code == 404
+
+
+def test_workers_page_lists_live_workers_and_their_current_jobs(admin_client, jobq):
+    jobq.queue.enqueue("running", 1)
+    jobq.storage.claim(Q, "w-77", 1, 30_000)
+    info = {"host": "box-1", "pid": 4242, "queues": [Q], "concurrency": 4, "in_flight": 1}
+    jobq.storage.register_worker("w-77", info, 30_000)
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_workerinfo_changelist"))
+    [worker] = [w for w in page.context["workers"] if w["worker_id"] == "w-77"]
+    assert worker["host"] == "box-1" and worker["pid"] == 4242 and not worker["stale"]
+    assert [j.job_id for j in worker["jobs"]] == ["running"]
+
+
+def test_a_worker_silent_for_two_heartbeats_is_stale_and_an_expired_one_gone(
+    admin_client, settings
+):
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
+    get_storage().register_worker("w-slow", {"host": "h", "queues": [Q]}, 3_600_000)
+    get_storage().register_worker("w-dead", {"host": "h", "queues": [Q]}, 3_600_000)
+    long_ago = timezone.now() - dt.timedelta(minutes=10)
+    WorkerInfo.objects.filter(worker_id="w-slow").update(last_heartbeat=long_ago)
+    WorkerInfo.objects.filter(worker_id="w-dead").update(expires_at=long_ago)
+    page = admin_client.get(reverse("admin:django_jobq_workerinfo_changelist"))
+    workers = {w["worker_id"]: w for w in page.context["workers"]}
+    assert workers["w-slow"]["stale"] and not workers["w-slow"]["gone"]
+    assert workers["w-dead"]["gone"]
+
+
+# -- job list -----------------------------------------------------------------------------
+
+
+def test_job_list_filters_and_searches(admin_client, jobq):
+    jobq.failed("broken")  # claims the only queued job: enqueue the other one after
+    jobq.queue.enqueue("first", 1)
+    jobq.sync()
+    url = reverse(CHANGELIST)
+
+    def ids(**params) -> set[str]:
+        page = admin_client.get(url, params)
+        assert page.status_code == 200, page.content[:300]
+        return {job.job_id for job in page.context["cl"].result_list}
+
+    assert ids() == {"first", "broken"}
+    assert ids(queue=Q, state__exact="failed") == {"broken"}
+    assert ids(q="first") == {"first"}
+    assert ids(worker="w-1") == {"broken"}
+    assert ids(created="1h") == {"first", "broken"}
+    assert ids(o="3") == {"first", "broken"}  # sorted by state
+
+
+def test_job_list_count_stops_at_the_cap_and_says_so(admin_client, jobq, monkeypatch):
+    monkeypatch.setattr(listing, "COUNT_CAP", 2)
+    jobq.queue.enqueue_many([(f"j{i}", i) for i in range(5)])
+    jobq.sync()
+    page = admin_client.get(reverse(CHANGELIST))
+    assert page.context["cl"].result_count == 3  # the cap plus one: "more than 2"
+    assert b"The total is an estimate" in page.content
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(databases=["pg"], transaction=True)
+def test_unfiltered_count_on_postgresql_is_the_planner_estimate(monkeypatch):
+    from django.db import connections
+
+    monkeypatch.setattr(listing, "COUNT_CAP", 5)
+    now = timezone.now()
+    Job.objects.using("pg").bulk_create(
+        Job(queue=Q, job_id=f"p{i}", created_at=now) for i in range(40)
+    )
+    with connections["pg"].cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    paginator = listing.EstimatedCountPaginator(Job.objects.using("pg").order_by("-id"), 10)
+    assert paginator.count == 40 and paginator.approximate
+    filtered = Job.objects.using("pg").filter(job_id="p1").order_by("-id")
+    assert listing.EstimatedCountPaginator(filtered, 10).count == 1
+
+
+# -- job page --------------------------------------------------------------------------------
+
+
+def test_job_page_shows_payload_error_traceback_and_timeline(admin_client, jobq):
+    jobq.failed("broken")
+    page = admin_client.get(job_url(jobq, "broken"))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert json.loads(page.context["payload"]) == {"n": "broken"}  # decoded
+    assert "ValueError" in html and "Traceback: x" in html
+    kinds = [event.kind for event in page.context["events"]]
+    assert kinds[0] == "failed" and "active" in kinds
+    names = [name for name, _, _ in page.context["actions"]]
+    assert names == ["retry", "requeue_dead", "delete"]
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+def test_cancel_from_the_job_page_asks_then_cancels_through_the_queue(admin_client, jobq):
+    jobq.queue.enqueue("waiting", 1)
+    url = job_url(jobq, "waiting", act="cancel")
+    confirm = admin_client.get(url)
+    assert confirm.status_code == 200 and b"are you sure" in confirm.content
+    assert jobq.state("waiting") is JobState.QUEUED  # asking changes nothing
+    done = admin_client.post(url, {"confirm": "yes"})
+    assert done.status_code == 302
+    assert jobq.state("waiting") is JobState.CANCELLED
+    assert jobq.row("waiting").state == JobState.CANCELLED
+
+
+def test_bulk_retry_reports_each_job(admin_client, jobq):
+    jobq.failed("f1")
+    jobq.completed("c1")
+    jobq.sync()
+    pks = [jobq.row(i).pk for i in ("f1", "c1")]
+    form = {"action": "retry_jobs", "_selected_action": pks}
+    confirm = admin_client.post(reverse(CHANGELIST), {**form, "index": 0})
+    assert b"are you sure" in confirm.content and jobq.state("f1") is JobState.FAILED
+    done = admin_client.post(reverse(CHANGELIST), {**form, "confirm": "yes"})
+    outcomes = {o.job.job_id: (o.ok, o.text) for o in done.context["outcomes"]}
+    assert outcomes == {"f1": (True, "retried"), "c1": (False, "completed")}
+    assert jobq.state("f1") is JobState.QUEUED
+    status = jobq.queue.get_status("f1")
+    assert status is not None and status.attempts == 0
+
+
+def test_requeue_dead_and_delete_only_touch_dead_letters(admin_client, jobq):
+    jobq.failed("dead1")
+    jobq.failed("dead2")
+    jobq.completed("fine")
+    admin_client.post(job_url(jobq, "dead1", act="requeue_dead"), {"confirm": "yes"})
+    assert jobq.state("dead1") is JobState.QUEUED
+    admin_client.post(job_url(jobq, "dead2", act="delete"), {"confirm": "yes"})
+    assert jobq.queue.get_status("dead2") is None
+    assert not Job.objects.filter(queue=Q, job_id="dead2").exists()
+    kept = admin_client.post(job_url(jobq, "fine", act="delete"), {"confirm": "yes"}, follow=True)
+    assert b"kept: only failed jobs" in kept.content
+    assert jobq.state("fine") is JobState.COMPLETED
+
+
+def test_change_priority_validates_input_and_run_now_promotes(admin_client, jobq):
+    jobq.queue.enqueue("later", 1, delay=3_600_000)
+    url = job_url(jobq, "later", act="priority")
+    refused = admin_client.post(url, {"confirm": "yes", "priority": "soon"})
+    assert b"Priority must be a whole number" in refused.content
+    admin_client.post(url, {"confirm": "yes", "priority": "7"})
+    status = jobq.queue.get_status("later")
+    assert status is not None and status.priority == 7
+    admin_client.post(job_url(jobq, "later", act="run_now"), {"confirm": "yes"})
+    assert jobq.state("later") is JobState.QUEUED
+
+
+def test_actions_need_their_own_permissions(client, jobq):
+    jobq.failed("broken")
+    jobq.queue.enqueue("waiting", 1)
+    client.force_login(staff("viewer", "view_job"))
+    assert client.get(job_url(jobq, "waiting")).status_code == 200
+    refused = client.post(job_url(jobq, "waiting", act="cancel"), {"confirm": "yes"})
+    assert refused.status_code == 403
+    assert jobq.state("waiting") is JobState.QUEUED
+    listing_page = client.get(reverse(CHANGELIST))
+    assert listing_page.context["action_form"] is None  # no action this user may run
+
+    client.force_login(staff("canceller", "view_job", "cancel_job"))
+    assert client.post(job_url(jobq, "broken", act="retry"), {"confirm": "yes"}).status_code == 403
+    assert jobq.state("broken") is JobState.FAILED
+    client.post(job_url(jobq, "waiting", act="cancel"), {"confirm": "yes"})
+    assert jobq.state("waiting") is JobState.CANCELLED
+
+
+def test_stock_delete_is_routed_through_the_queue_api(admin_client, jobq):
+    jobq.completed("fine")
+    row = jobq.row("fine")
+    page = admin_client.get(reverse("admin:django_jobq_job_delete", args=[row.pk]))
+    assert page.status_code == 302 and page["Location"].endswith("/act/delete/")
+    actions = admin_client.get(reverse(CHANGELIST)).context["action_form"].fields["action"]
+    assert "delete_selected" not in dict(actions.choices)
+
+
+def test_anonymous_users_are_sent_to_the_login_page(client, jobq):
+    for name in ("queueconfig_changelist", "workerinfo_changelist", "job_changelist"):
+        page = client.get(reverse(f"admin:django_jobq_{name}"))
+        assert page.status_code == 302 and "/login/" in page["Location"]
+
+
+# -- chart arithmetic --------------------------------------------------------------------------
+
+
+def test_quantile_is_nearest_rank():
+    assert quantile([], 0.5) is None
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert quantile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_axis_bounds_are_round_numbers():
+    assert _scale(0)[0] == 1.0
+    assert _scale(7.3)[0] == 10
+    assert _scale(0.42)[0] == 0.5
+    assert _scale(1300)[0] == 2000
+
+
+def test_throughput_buckets_by_finish_minute(settings):
+    now = timezone.now()
+    window = WINDOWS[0]
+    start = window.start(now)
+    for i, minutes in enumerate((0, 0, 5)):
+        Job.objects.create(
+            queue=Q, job_id=f"t{i}", state=JobState.COMPLETED, created_at=start,
+            finished_at=start + dt.timedelta(minutes=minutes, seconds=10),
+        )  # fmt: skip
+    Job.objects.create(queue=Q, job_id="old", state=JobState.COMPLETED, created_at=start,
+                       finished_at=start - dt.timedelta(minutes=1))  # fmt: skip
+    completed, failed = throughput("default", Q, window, now)
+    assert completed.values[0] == 2 and completed.values[5] == 1
+    assert sum(completed.values) == 3 and sum(failed.values) == 0
+
+
+def test_job_events_are_shown_newest_first(admin_client, jobq):
+    jobq.completed("done")
+    row = jobq.row("done")
+    events = admin_client.get(job_url(jobq, "done")).context["events"]
+    assert events == sorted(events, key=lambda e: (e.at, e.id), reverse=True)
+    assert JobEvent.objects.filter(job=row).count() == len(events)
