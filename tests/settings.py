@@ -12,6 +12,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_jobq",
     "tests.jobsapp",
 ]
@@ -37,6 +38,8 @@ TEMPLATES = [
         },
     }
 ]
+# The live server of the browser tests (tests/test_admin_browser.py) serves the admin's CSS.
+STATIC_URL = "/static/"
 # A file, not :memory:, so that worker threads (each with its own connection) share it.
 SQLITE_TEST_FILE = os.environ.get(
     "JOBQ_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"jobq-test-{os.getpid()}.sqlite3")

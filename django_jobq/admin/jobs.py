@@ -7,6 +7,7 @@ page: a job's fields are the storage's to change, never a form's.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
@@ -18,6 +19,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from ..models import Job
 from ..states import JobState
@@ -37,6 +39,13 @@ from .listing import (
 HEAVY_FIELDS = ("payload", "result", "error", "logs", "progress")
 
 
+def _when(value: dt.datetime | None) -> str:
+    """Compact local time (the list has many columns; the job page shows full dates)."""
+    if value is None:
+        return "—"
+    return format_html('<span class="jobq-nowrap">{}</span>', f"{localtime(value):%m-%d %H:%M:%S}")
+
+
 def state_badge(state: str) -> str:
     css = STATE_COLORS.get(JobState(state), "queued") if state in JobState.values else "queued"
     return format_html('<span class="jobq-state jobq-state-{}">{}</span>', css, state)
@@ -45,7 +54,7 @@ def state_badge(state: str) -> str:
 class JobAdmin(admin.ModelAdmin):
     list_display = (
         "job_link", "queue", "state_label", "handler", "tries", "priority", "worker",
-        "created_at", "finished_at", "run_time",
+        "created", "finished", "run_time",
     )  # fmt: skip
     list_display_links = None
     list_filter = (
@@ -105,6 +114,14 @@ class JobAdmin(admin.ModelAdmin):
     def tries(self, obj: Job) -> str:
         stalls = f" · {obj.stalls} stalled" if obj.stalls else ""
         return f"{obj.attempts}/{obj.max_attempts}{stalls}"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Job) -> str:
+        return _when(obj.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: Job) -> str:
+        return _when(obj.finished_at)
 
     @admin.display(description="run time")
     def run_time(self, obj: Job) -> str:
