@@ -28,6 +28,7 @@ lint: $(BIN)/.installed
 
 test: $(BIN)/.installed lint
 	scripts/ensure-services redis postgres rabbitmq
+	scripts/ensure-chromium
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest

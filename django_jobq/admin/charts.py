@@ -23,7 +23,7 @@ from django.utils.safestring import SafeString, mark_safe
 from ..models import Job
 from ..states import JobState
 
-SAMPLE = 20_000
+SAMPLE = 10_000
 WIDTH, HEIGHT = 640, 200
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 14, 28
 

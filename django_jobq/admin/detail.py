@@ -76,8 +76,9 @@ def _timing(job: Job) -> list[tuple[str, str]]:
 
 
 def related(job: Job) -> list[tuple[str, str, str]]:
-    """Links to the job's relatives: the schedule that enqueued it, and for singletons the
-    blocked successor and the earlier runs it replaced (database backend names)."""
+    """Links to the job's relatives: the schedule that enqueued it, and for a singleton on the
+    database backend its blocked successor (``<id>~next``) or, from the successor, the job.
+    Exact lookups only: each is one probe of the (queue, job_id) index."""
     links: list[tuple[str, str, str]] = []
     alias = jobs_alias()
     base = job.job_id.split("~", 1)[0]
@@ -87,23 +88,12 @@ def related(job: Job) -> list[tuple[str, str, str]]:
         if schedule is not None:
             url = reverse("admin:django_jobq_schedule_change", args=[schedule.pk])
             links.append(("enqueued by schedule", schedule.name, url))
-    relatives: list[Job] = list(
-        Job.objects.using(alias)
-        .filter(queue=job.queue, job_id__startswith=f"{base}~")
-        .exclude(pk=job.pk)
-        .only("id", "job_id", "state")
-        .order_by("-id")[:20]
-    )
-    if base != job.job_id:
-        relatives += list(
-            Job.objects.using(alias).filter(queue=job.queue, job_id=base).only("id", "job_id")
-        )
-    for other in relatives:
-        kind = "blocked successor" if other.job_id.endswith("~next") else "other run of this id"
-        if other.job_id == base:
-            kind = "the job itself"
+    names = {f"{base}~next": "blocked successor", base: "the job this row belongs to"}
+    names.pop(job.job_id, None)
+    others = Job.objects.using(alias).filter(queue=job.queue, job_id__in=list(names))
+    for other in others.only("id", "job_id", "state"):
         url = reverse("admin:django_jobq_job_change", args=[other.pk])
-        links.append((kind, f"{other.job_id} ({other.state})", url))
+        links.append((names[other.job_id], f"{other.job_id} ({other.state})", url))
     return links
 
 

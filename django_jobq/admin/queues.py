@@ -14,6 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -26,23 +27,47 @@ from ..errors import ValidationError as RefusedInput
 from ..models import Job
 from ..states import JobState
 from .charts import finished_counts, queue_charts
-from .common import QUEUE_CHANGE_PERM, age, jobs_alias, queue_for, queue_names
+from .common import QUEUE_CHANGE_PERM, age, has_mirror, jobs_alias, queue_for, queue_names
 from .workers import live_workers
 
 COUNTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING)
 
 
-def queue_row(name: str, finished: dict[str, int], workers: list[dict], now: dt.datetime) -> dict:
+def row_counts(names: list[str]) -> dict[str, dict[str, int]] | None:
+    """With the database backend the rows are the state: one grouped query over the states
+    shown (the (queue, state, …) index skips the finished majority) beats a ``counts()`` per
+    queue, which also counts every completed row. None: ask the storage (Redis)."""
+    if has_mirror():
+        return None
+    out: dict[str, dict[str, int]] = {name: {} for name in names}
+    rows = (
+        Job.objects.using(jobs_alias())
+        .filter(queue__in=names, state__in=[*COUNTED, JobState.FAILED])
+        .values("queue", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in rows:
+        out.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    return out
+
+
+def queue_row(
+    name: str, finished: dict[str, int], workers: list[dict], now: dt.datetime,
+    counted: dict[str, int] | None = None,
+) -> dict:  # fmt: skip
     """One overview row; a queue whose storage read fails still gets a row, with the error."""
     row: dict[str, Any] = {"name": name, "error": None}
     try:
         queue = queue_for(name)
-        counts = queue.counts()
-        row.update(
-            counts={state.value: counts.get(state, 0) for state in COUNTED},
-            paused=queue.is_paused(),
-            dead=queue.count_dead(),
-        )
+        if counted is None:
+            live = queue.counts()
+            counts = {state.value: live.get(state, 0) for state in COUNTED}
+            dead = queue.count_dead()
+        else:
+            counts = {state.value: counted.get(state.value, 0) for state in COUNTED}
+            dead = counted.get(JobState.FAILED.value, 0)
+        row.update(counts=counts, paused=queue.is_paused(), dead=dead)
     except Exception as exc:  # storage unreachable or a bad name: say so on the row
         row.update(counts={}, paused=None, dead=None, error=f"{type(exc).__name__}: {exc}")
     completed = finished.get(JobState.COMPLETED.value, 0)
@@ -101,7 +126,12 @@ class QueueAdmin(admin.ModelAdmin):
         now = timezone.now()
         finished = finished_counts(jobs_alias(), now - dt.timedelta(hours=1))
         workers, workers_error = live_workers()
-        rows = [queue_row(n, finished.get(n, {}), workers, now) for n in queue_names()]
+        names = queue_names()
+        counted = row_counts(names)
+        rows = [
+            queue_row(n, finished.get(n, {}), workers, now, None if counted is None else counted[n])
+            for n in names
+        ]
         context = {
             **self._context(request, "Queues"),
             "rows": rows,
@@ -120,7 +150,7 @@ class QueueAdmin(admin.ModelAdmin):
         workers, workers_error = live_workers()
         context = {
             **self._context(request, f"Queue {name}"),
-            "row": queue_row(name, finished, workers, now),
+            "row": queue_row(name, finished, workers, now, _one(row_counts([name]), name)),
             "charts": queue_charts(jobs_alias(), name, now),
             "limits": _limits(name),
             "workers_error": workers_error,
@@ -144,6 +174,10 @@ class QueueAdmin(admin.ModelAdmin):
         if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
             back = reverse("admin:django_jobq_queueconfig_changelist")
         return HttpResponseRedirect(back)
+
+
+def _one(counted: dict[str, dict[str, int]] | None, name: str) -> dict[str, int] | None:
+    return None if counted is None else counted.get(name, {})
 
 
 def _limits(name: str) -> dict[str, Any]:
