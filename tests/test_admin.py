@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobq.admin import listing
+from django_jobq.admin import actions, listing
 from django_jobq.admin.charts import WINDOWS, _scale, quantile, throughput
 from django_jobq.conf import get_storage
 from django_jobq.mirror import Mirror
@@ -59,17 +59,20 @@ class Setup:
         return status.state
 
 
+def on_redis(settings, prefix: str) -> Setup:
+    settings.JOBQ = {
+        **settings.JOBQ, "BACKEND": "redis", "PREFIX": prefix,
+        "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default"},
+    }  # fmt: skip
+    return Setup("redis")
+
+
 @pytest.fixture(params=["database", pytest.param("redis", marks=pytest.mark.redis)])
 def jobq(request, settings) -> Setup:
-    if request.param == "database":
-        settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
-    else:
-        prefix = request.getfixturevalue("redis_prefix")
-        settings.JOBQ = {
-            **settings.JOBQ, "BACKEND": "redis", "PREFIX": prefix,
-            "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default"},
-        }  # fmt: skip
-    return Setup(request.param)
+    if request.param == "redis":
+        return on_redis(settings, request.getfixturevalue("redis_prefix"))
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
+    return Setup("database")
 
 
 def staff(username: str, *perms: str) -> User:
@@ -357,3 +360,28 @@ def test_job_events_are_shown_newest_first(admin_client, jobq):
     events = admin_client.get(job_url(jobq, "done")).context["events"]
     assert events == sorted(events, key=lambda e: (e.at, e.id), reverse=True)
     assert JobEvent.objects.filter(job=row).count() == len(events)
+
+
+@pytest.mark.redis
+def test_on_redis_the_job_page_shows_the_live_state_before_the_mirror_catches_up(
+    admin_client, settings, redis_prefix
+):
+    jobq = on_redis(settings, redis_prefix)
+    jobq.queue.enqueue("waiting", 1)
+    url = job_url(jobq, "waiting")
+    jobq.queue.cancel("waiting")  # the mirror has not read this event yet
+    page = admin_client.get(url)
+    assert page.context["job"].state == JobState.QUEUED
+    assert page.context["live"].state is JobState.CANCELLED
+    assert b"storage says" in page.content
+
+
+def test_a_bulk_action_over_too_many_jobs_is_refused_whole(admin_client, jobq, monkeypatch):
+    monkeypatch.setattr(actions, "MAX_BULK", 1)
+    jobq.queue.enqueue_many([("a", 1), ("b", 2)])
+    jobq.sync()
+    pks = list(Job.objects.filter(queue=Q).values_list("pk", flat=True))
+    form = {"action": "cancel_jobs", "_selected_action": pks, "confirm": "yes"}
+    page = admin_client.post(reverse(CHANGELIST), form, follow=True)
+    assert b"Select at most 1 jobs" in page.content
+    assert jobq.state("a") is JobState.QUEUED and jobq.state("b") is JobState.QUEUED

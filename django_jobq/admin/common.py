@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from typing import Any
 
 from django.http import HttpRequest
@@ -18,6 +19,8 @@ from django.utils import timezone
 from ..conf import get_storage, jobq_settings
 from ..queue import Queue, get_queue, serde_for
 from ..validation import validate_queue_name
+
+logger = logging.getLogger("django_jobq.admin")
 
 #: Custom permissions of the Job model (migration 0005): who may change what a job does next.
 CANCEL_PERM = "django_jobq.cancel_job"
@@ -46,10 +49,16 @@ def queue_for(name: str) -> Queue:
 
 
 def queue_names() -> list[str]:
-    """Every queue the storage knows, plus configured ones that saw no job yet."""
+    """Every queue the storage knows, plus configured ones that saw no job yet. With the
+    storage unreachable, the configured and recorded ones: the pages still open and show
+    the error where live figures were asked for."""
     from ..models import QueueConfig
 
-    names = set(get_storage().list_queues())
+    names: set[str] = set()
+    try:
+        names.update(get_storage().list_queues())
+    except Exception as exc:  # Redis down: any client error; the rows can still be listed
+        logger.warning("queue registry not readable: %s", exc)
     names.update(jobq_settings()["QUEUES"])
     names.update(QueueConfig.objects.using(jobs_alias()).values_list("name", flat=True))
     return sorted(names)
