@@ -26,53 +26,56 @@ DB = "jobq_admin_bench"
 QUEUES = ("emails", "reports", "webhooks", "thumbnails")
 
 
+SETTINGS: dict[str, Any] = {
+    "SECRET_KEY": "bench-only-not-secret",  # noqa: S106
+    "DEBUG": False,
+    "USE_TZ": True,
+    "ALLOWED_HOSTS": ["testserver"],
+    "ROOT_URLCONF": "bench.admin_list",
+    "INSTALLED_APPS": [
+        "django.contrib.admin",
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "django.contrib.sessions",
+        "django.contrib.messages",
+        "django_jobq",
+    ],
+    "MIDDLEWARE": [
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+    ],
+    "TEMPLATES": [
+        {
+            "BACKEND": "django.template.backends.django.DjangoTemplates",
+            "APP_DIRS": True,
+            "OPTIONS": {
+                "context_processors": [
+                    "django.template.context_processors.request",
+                    "django.contrib.auth.context_processors.auth",
+                    "django.contrib.messages.context_processors.messages",
+                ]
+            },
+        }
+    ],
+    "DATABASES": {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": DB,
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+        }
+    },
+    "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",
+    "STATIC_URL": "/static/",
+    "JOBQ": {"BACKEND": "database", "DATABASE_ALIAS": "default", "RETENTION_DAYS": None},
+}
+
+
 def configure() -> None:
-    settings.configure(
-        SECRET_KEY="bench-only-not-secret",  # noqa: S106
-        DEBUG=False,
-        USE_TZ=True,
-        ALLOWED_HOSTS=["testserver"],
-        ROOT_URLCONF="bench.admin_list",
-        INSTALLED_APPS=[
-            "django.contrib.admin",
-            "django.contrib.contenttypes",
-            "django.contrib.auth",
-            "django.contrib.sessions",
-            "django.contrib.messages",
-            "django_jobq",
-        ],  # fmt: skip
-        MIDDLEWARE=[
-            "django.contrib.sessions.middleware.SessionMiddleware",
-            "django.middleware.csrf.CsrfViewMiddleware",
-            "django.contrib.auth.middleware.AuthenticationMiddleware",
-            "django.contrib.messages.middleware.MessageMiddleware",
-        ],
-        TEMPLATES=[
-            {
-                "BACKEND": "django.template.backends.django.DjangoTemplates",
-                "APP_DIRS": True,
-                "OPTIONS": {
-                    "context_processors": [
-                        "django.template.context_processors.request",
-                        "django.contrib.auth.context_processors.auth",
-                        "django.contrib.messages.context_processors.messages",
-                    ]
-                },
-            }
-        ],  # fmt: skip
-        DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.postgresql",
-                "NAME": DB,
-                "USER": "postgres",
-                "HOST": "127.0.0.1",
-                "PORT": "5432",
-            }
-        },  # fmt: skip
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        STATIC_URL="/static/",
-        JOBQ={"BACKEND": "database", "DATABASE_ALIAS": "default", "RETENTION_DAYS": None},
-    )
+    settings.configure(**SETTINGS)
     django.setup()
 
 

@@ -73,6 +73,7 @@ class JobChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         self.count_is_approximate = getattr(self.paginator, "approximate", False)
+        self.count_cap = COUNT_CAP
 
 
 class QueueFilter(admin.SimpleListFilter):
