@@ -16,8 +16,9 @@ from django_jobq.admin import actions, listing
 from django_jobq.admin.charts import WINDOWS, _scale, quantile, throughput
 from django_jobq.conf import get_storage
 from django_jobq.mirror import Mirror
-from django_jobq.models import Job, JobEvent, WorkerInfo
+from django_jobq.models import Job, JobEvent, Schedule, WorkerInfo
 from django_jobq.queue import Queue
+from django_jobq.schedules import fire_now
 from django_jobq.states import JobState
 
 Q = "admin-tests"
@@ -385,3 +386,16 @@ def test_a_bulk_action_over_too_many_jobs_is_refused_whole(admin_client, jobq, m
     page = admin_client.post(reverse(CHANGELIST), form, follow=True)
     assert b"Select at most 1 jobs" in page.content
     assert jobq.state("a") is JobState.QUEUED and jobq.state("b") is JobState.QUEUED
+
+
+def test_job_page_links_the_schedule_that_enqueued_the_job(admin_client, jobq):
+    schedule = Schedule.objects.create(name="nightly", queue=Q, cron="0 3 * * *")
+    job_id = fire_now(schedule).job_id
+    related = admin_client.get(job_url(jobq, job_id)).context["related"]
+    assert related == [
+        (
+            "enqueued by schedule",
+            "nightly",
+            reverse("admin:django_jobq_schedule_change", args=[schedule.pk]),
+        )
+    ]
