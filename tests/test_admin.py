@@ -115,6 +115,13 @@ def test_overview_shows_live_counts_and_pause_resume_goes_through_the_queue(admi
     assert not jobq.queue.is_paused()
 
 
+def test_auto_refresh_takes_only_the_offered_periods(admin_client, jobq):
+    url = reverse("admin:django_jobq_queueconfig_changelist")
+    assert b'http-equiv="refresh" content="10"' in admin_client.get(url, {"refresh": "10"}).content
+    for bad in ("1", "0", "-5", "abc"):
+        assert b'http-equiv="refresh"' not in admin_client.get(url, {"refresh": bad}).content
+
+
 def test_pause_needs_post_and_the_change_permission(client, jobq):
     jobq.queue.enqueue("a", 1)
     client.force_login(staff("viewer", "view_queueconfig"))

@@ -30,6 +30,17 @@ from .charts import finished_counts, queue_charts
 from .common import QUEUE_CHANGE_PERM, age, has_mirror, jobs_alias, queue_for, queue_names
 from .workers import live_workers
 
+#: Auto-refresh periods offered on the queue pages (seconds); anything else means off.
+REFRESH_CHOICES = (5, 10, 30, 60)
+
+
+def refresh_seconds(request: HttpRequest) -> int | None:
+    """``?refresh=N`` reloads the page every N seconds (a wall display of the queues); only
+    the offered values are accepted, so a link cannot make browsers hammer the server."""
+    raw = request.GET.get("refresh", "")
+    return int(raw) if raw.isdigit() and int(raw) in REFRESH_CHOICES else None
+
+
 COUNTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING)
 
 
@@ -118,6 +129,8 @@ class QueueAdmin(admin.ModelAdmin):
             "title": title,
             "opts": self.model._meta,
             "can_pause": request.user.has_perm(QUEUE_CHANGE_PERM),
+            "refresh": refresh_seconds(request),
+            "refresh_choices": REFRESH_CHOICES,
         }
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
