@@ -22,11 +22,13 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError
-from .execution import execute, make_job
+from .execution import make_job
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
+from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
 from .validation import validate_job_id, validate_queue_name
@@ -56,6 +58,7 @@ class Worker:
         reap_interval: float | None = None,
         worker_id: str | None = None,
         idle_timeout: float = 1.0,
+        pool: str = "thread",
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -73,6 +76,14 @@ class Worker:
             worker_id or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"[-128:]
         )
         self.idle_timeout = idle_timeout
+        if pool not in POOLS:
+            raise ConfigurationError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+        self.pool = pool
+        runners: dict[str, type[ThreadRunner | ProcessRunner | AsyncRunner]] = {
+            "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
+        }  # fmt: skip
+        self._runner = runners[pool](handlers)
+        self._watchdog = Watchdog()
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
         self.stats = {
@@ -99,6 +110,13 @@ class Worker:
         if missing:
             raise ConfigurationError(
                 f"no handler registered for queue(s) {missing}; known: {self.handlers.queues()}"
+            )
+        hard = [q for q in self.queues if self.handlers.options(q).hard_timeout is not None]
+        if hard and not self._runner.supports_hard_timeout:
+            raise ConfigurationError(
+                f"queue(s) {hard} have a hard_timeout, which the {self.pool} pool cannot enforce"
+                " (a thread cannot be stopped from outside): run them with --pool process or"
+                " --pool async"
             )
 
     def run(self) -> None:
@@ -158,8 +176,10 @@ class Worker:
         return self._stopping.is_set()
 
     def _start_threads(self) -> None:
-        for i in range(self.concurrency):
-            self._spawn(self._handler_loop, f"jobq-handler-{i}")
+        self._runner.start(self.concurrency)
+        if self.pool != "async":  # the async pool runs jobs on its own loop thread
+            for i in range(self.concurrency):
+                self._spawn(lambda slot=i: self._handler_loop(slot), f"jobq-handler-{i}")
         self._spawn(self._ack_loop, "jobq-acker")
         self._spawn(self._heartbeat_loop, "jobq-heartbeat")
 
@@ -219,10 +239,15 @@ class Worker:
                 job = make_job(claimed, None)
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
-                    claimed, job
+                    claimed, job, running=isinstance(self._runner, AsyncRunner)
                 )
         for claimed in jobs:
-            self._work.put(claimed)
+            if isinstance(self._runner, AsyncRunner):
+                entry = self._inflight[(claimed.queue, claimed.job_id, claimed.token)]
+                timer = self._soft_timeout(claimed, entry.job)
+                self._runner.submit(claimed, entry.job, partial(self._finished, timer=timer))
+            else:
+                self._work.put(claimed)
 
     def _reporter(self, claimed: ClaimedJob) -> Reporter:
         """job.set_progress / job.log of one attempt, fenced by its token."""
@@ -241,29 +266,52 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _handler_loop(self) -> None:
+    def _soft_timeout(self, claimed: ClaimedJob, job: Job) -> int | None:
+        timeout = self.handlers.options(claimed.queue).timeout
+        if timeout is None:
+            return None
+
+        def expire() -> None:
+            logger.warning("[%s/%s] past its %gs timeout; asking the handler to stop",
+                           claimed.queue, claimed.job_id, timeout)  # fmt: skip
+            job.cancel_event.set()
+
+        return self._watchdog.schedule(timeout, expire)
+
+    def _handler_loop(self, slot: int) -> None:
         while (claimed := self._work.get()) is not None:
             with self._cond:
                 entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
                 if entry is None:
                     continue  # released during shutdown before it started
                 entry.running = True
-            ack = execute(claimed, self.handlers, entry.job)
-            entry.finished = True
-            # A quiet worker (this is its only job) sends the verdict itself: handing it to the
-            # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
-            # other jobs in flight, verdicts go to the acker and on to storage in batches.
-            with self._cond:
-                direct = (
-                    len(self._inflight) == 1
-                    and not self._acker_busy
-                    and self._acks.empty()
-                    and not self.stopping
-                )
-            if direct:
-                self._send_acks(claimed.queue, [ack])
-            else:
-                self._acks.put((claimed.queue, ack))
+            timer = self._soft_timeout(claimed, entry.job)
+            assert not isinstance(self._runner, AsyncRunner)  # it has no handler threads
+            self._finished(claimed, self._runner.run(slot, claimed, entry.job), timer=timer)
+
+    def _finished(self, claimed: ClaimedJob, ack: Ack, *, timer: int | None) -> None:
+        """A handler returned (on any pool): send its verdict."""
+        if timer is not None:
+            self._watchdog.cancel(timer)
+        with self._cond:
+            entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
+        if entry is None:
+            return  # released at shutdown past the grace period: the verdict no longer counts
+        entry.finished = True
+        # A quiet worker (this is its only job) sends the verdict itself: handing it to the
+        # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
+        # other jobs in flight, verdicts go to the acker and on to storage in batches.
+        with self._cond:
+            direct = (
+                len(self._inflight) == 1
+                and not self._acker_busy
+                and self._acks.empty()
+                and not self.stopping
+            )
+        if direct:
+            self._send_acks(claimed.queue, [ack])
+        else:
+            self._acks.put((claimed.queue, ack))
 
     def _ack_loop(self) -> None:
         done = False
@@ -364,6 +412,7 @@ class Worker:
             "pid": os.getpid(),
             "queues": self.queues,
             "concurrency": self.concurrency,
+            "pool": self.pool,
             "in_flight": len(self._inflight),
             "started": self._started_ms,
             **self.stats,
@@ -399,6 +448,8 @@ class Worker:
         for thread in self._threads:
             if thread.name == "jobq-acker":
                 thread.join(timeout=10)
+        self._runner.stop()
+        self._watchdog.stop()
         try:
             self.storage.deregister_worker(self.worker_id)
         except Exception as exc:

@@ -6,6 +6,7 @@ from ...celery_compat import celery_settings
 from ...celery_compat.bridge import KombuBridge, bridge_thread
 from ...errors import JobQError
 from ...logutil import configure
+from ...pools import POOLS
 from ...registry import registry
 from ...worker import Worker
 
@@ -19,6 +20,13 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=int, help="lease (visibility timeout) in ms")
         parser.add_argument("--grace", type=float, help="seconds to finish jobs on SIGTERM")
         parser.add_argument("--batch", type=int, help="max jobs per claim")
+        parser.add_argument(
+            "--pool",
+            choices=POOLS,
+            default="thread",
+            help="where handlers run: thread (default, I/O-bound), process (CPU-bound, hard "
+            "timeouts; one reused child process per slot) or async (async def handlers)",
+        )
         parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
         parser.add_argument(
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
@@ -51,6 +59,7 @@ class Command(BaseCommand):
                 batch=options["batch"],
                 worker_id=options["worker_id"],
                 reap_interval=options["reap_interval"],
+                pool=options["pool"],
             )
             worker.check()
         except JobQError as exc:

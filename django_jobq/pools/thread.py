@@ -1,0 +1,28 @@
+"""The default pool: handlers run on the worker's own handler threads."""
+
+from __future__ import annotations
+
+from ..execution import execute
+from ..job import ClaimedJob, Job
+from ..registry import HandlerRegistry
+from ..storage.base import Ack
+
+
+class ThreadRunner:
+    """Runs a handler on the calling handler thread. A soft timeout sets the job's flag (the
+    worker's watchdog does that); nothing can stop a thread from outside, hence no hard
+    timeout here (the worker refuses such handlers on this pool)."""
+
+    supports_hard_timeout = False
+
+    def __init__(self, handlers: HandlerRegistry) -> None:
+        self.handlers = handlers
+
+    def start(self, slots: int) -> None:
+        """Nothing to start: the worker's handler threads are the pool."""
+
+    def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
+        return execute(claimed, self.handlers, job)
+
+    def stop(self) -> None:
+        """Handler threads are daemons; the worker has already released their jobs."""
