@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,3 +205,45 @@ async def execute_async(
     except BaseException as exc:  # noqa: BLE001 - includes a handler's CancelledError
         return error_verdict(claimed, exc, prepared.label)
     return result_verdict(claimed, prepared, result)
+
+
+def execute_batch(
+    claimed: Sequence[ClaimedJob], registry: HandlerRegistry, jobs: Sequence[Job] | None = None
+) -> list[Ack]:
+    """Run a batch handler once for several jobs of one queue; one verdict per job, in order.
+
+    Jobs that cannot run (malformed payload) get their verdict without joining the call. The
+    handler returns a list with one result per job it was given; an exception instance in it
+    fails that job alone. An exception raised by the call, or a result list of the wrong shape,
+    fails every job of the call, each by its own attempt count and backoff.
+    """
+    acks: list[Ack | None] = [None] * len(claimed)
+    ready: list[tuple[int, Prepared]] = []
+    for i, c in enumerate(claimed):
+        prepared = prepare(c, registry, jobs[i] if jobs is not None else None)
+        if isinstance(prepared, Ack):
+            acks[i] = prepared
+        else:
+            ready.append((i, prepared))
+    if ready:
+        func = ready[0][1].func
+        try:
+            results = func([p.job for _, p in ready])
+            if inspect.isawaitable(results):
+                results = asyncio.run(_awaited(results))
+            if not isinstance(results, list | tuple) or len(results) != len(ready):
+                raise TypeError(
+                    f"a batch handler must return a list of {len(ready)} results, "
+                    f"got {type(results).__name__}"
+                    + (f" of {len(results)}" if isinstance(results, list | tuple) else "")
+                )
+        except BaseException as exc:  # noqa: BLE001 - as in execute
+            for i, p in ready:
+                acks[i] = error_verdict(claimed[i], exc, p.label)
+        else:
+            for (i, p), result in zip(ready, results, strict=True):
+                if isinstance(result, BaseException):
+                    acks[i] = error_verdict(claimed[i], result, p.label)
+                else:
+                    acks[i] = result_verdict(claimed[i], p, result)
+    return [ack for ack in acks if ack is not None]

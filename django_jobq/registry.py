@@ -25,6 +25,10 @@ class HandlerOptions:
 
     timeout: float | None = None
     hard_timeout: float | None = None
+    # The handler takes a list of up to ``batch`` jobs (bulk inserts, batched API calls) and
+    # returns one result per job, in order; an exception instance in that list fails just
+    # that job. Timeouts then apply to the whole batch.
+    batch: int | None = None
 
 
 def _seconds(name: str, value: float | None) -> float | None:
@@ -47,10 +51,14 @@ class HandlerRegistry:
         *,
         timeout: float | None = None,
         hard_timeout: float | None = None,
+        batch: int | None = None,
     ) -> Handler:
         validate_queue_name(queue)
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
+                                  or not 1 <= batch <= 1000):  # fmt: skip
+            raise ConfigurationError(f"batch must be an integer from 1 to 1000, got {batch!r}")
         options = HandlerOptions(
-            _seconds("timeout", timeout), _seconds("hard_timeout", hard_timeout)
+            _seconds("timeout", timeout), _seconds("hard_timeout", hard_timeout), batch
         )
         existing = self._handlers.get(queue)
         if existing is not None and _qualname(existing) != _qualname(func):
@@ -92,16 +100,22 @@ registry = HandlerRegistry()
 
 
 def handler(
-    queue: str, *, timeout: float | None = None, hard_timeout: float | None = None
+    queue: str,
+    *,
+    timeout: float | None = None,
+    hard_timeout: float | None = None,
+    batch: int | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``queue``.
 
     The function receives a ``Job`` (id, payload, attempt, cancellation flag) and returns the
-    job's result (JSON-serialisable by default); it may be ``async def``. ``timeout`` and
-    ``hard_timeout`` (seconds): see ``HandlerOptions``.
+    job's result (JSON-serialisable by default); it may be ``async def``. ``timeout``,
+    ``hard_timeout`` (seconds) and ``batch``: see ``HandlerOptions``.
     """
 
     def decorator(func: Handler) -> Handler:
-        return registry.register(queue, func, timeout=timeout, hard_timeout=hard_timeout)
+        return registry.register(
+            queue, func, timeout=timeout, hard_timeout=hard_timeout, batch=batch
+        )
 
     return decorator

@@ -95,7 +95,10 @@ class Worker:
         # Keyed by (queue, id, token): a stalled attempt still running here and a newer claim of
         # the same job are two entries, each freeing its own slot when its verdict is sent.
         self._inflight: dict[tuple[str, str, int], _InFlight] = {}
-        self._work: stdqueue.SimpleQueue[ClaimedJob | None] = stdqueue.SimpleQueue()
+        # One job, or a list of jobs for a batch handler.
+        self._work: stdqueue.SimpleQueue[ClaimedJob | list[ClaimedJob] | None] = (
+            stdqueue.SimpleQueue()
+        )
         self._acks: stdqueue.SimpleQueue[tuple[str, Ack] | None] = stdqueue.SimpleQueue()
         self._stopping = threading.Event()
         self._hurry = threading.Event()  # second signal: skip the grace period
@@ -112,6 +115,12 @@ class Worker:
                 f"no handler registered for queue(s) {missing}; known: {self.handlers.queues()}"
             )
         hard = [q for q in self.queues if self.handlers.options(q).hard_timeout is not None]
+        batched = [q for q in self.queues if self.handlers.options(q).batch]
+        if batched and self.pool == "async":
+            raise ConfigurationError(
+                f"queue(s) {batched} have batch handlers, which run on the thread or process"
+                " pool, not the async pool"
+            )
         if hard and not self._runner.supports_hard_timeout:
             raise ConfigurationError(
                 f"queue(s) {hard} have a hard_timeout, which the {self.pool} pool cannot enforce"
@@ -241,10 +250,15 @@ class Worker:
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner)
                 )
+        size = self.handlers.options(jobs[0].queue).batch if jobs else None
+        if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
+            for i in range(0, len(jobs), size):
+                self._work.put(jobs[i : i + size])
+            return
         for claimed in jobs:
             if isinstance(self._runner, AsyncRunner):
                 entry = self._inflight[(claimed.queue, claimed.job_id, claimed.token)]
-                timer = self._soft_timeout(claimed, entry.job)
+                timer = self._soft_timeout(claimed, [entry.job])
                 self._runner.submit(claimed, entry.job, partial(self._finished, timer=timer))
             else:
                 self._work.put(claimed)
@@ -266,7 +280,7 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _soft_timeout(self, claimed: ClaimedJob, job: Job) -> int | None:
+    def _soft_timeout(self, claimed: ClaimedJob, jobs: list[Job]) -> int | None:
         timeout = self.handlers.options(claimed.queue).timeout
         if timeout is None:
             return None
@@ -274,20 +288,35 @@ class Worker:
         def expire() -> None:
             logger.warning("[%s/%s] past its %gs timeout; asking the handler to stop",
                            claimed.queue, claimed.job_id, timeout)  # fmt: skip
-            job.cancel_event.set()
+            for job in jobs:
+                job.cancel_event.set()
 
         return self._watchdog.schedule(timeout, expire)
 
     def _handler_loop(self, slot: int) -> None:
-        while (claimed := self._work.get()) is not None:
-            with self._cond:
-                entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
-                if entry is None:
-                    continue  # released during shutdown before it started
-                entry.running = True
-            timer = self._soft_timeout(claimed, entry.job)
+        while (item := self._work.get()) is not None:
             assert not isinstance(self._runner, AsyncRunner)  # it has no handler threads
-            self._finished(claimed, self._runner.run(slot, claimed, entry.job), timer=timer)
+            with self._cond:
+                entries = [
+                    self._inflight.get((c.queue, c.job_id, c.token))
+                    for c in (item if isinstance(item, list) else [item])
+                ]
+                # Released during shutdown before they started: not run.
+                live = [e for e in entries if e is not None]
+                for entry in live:
+                    entry.running = True
+            if not live:
+                continue
+            claimed, jobs = [e.claimed for e in live], [e.job for e in live]
+            timer = self._soft_timeout(claimed[0], jobs)
+            if isinstance(item, list):
+                acks = self._runner.run_batch(slot, claimed, jobs)
+            else:
+                acks = [self._runner.run(slot, claimed[0], jobs[0])]
+            if timer is not None:
+                self._watchdog.cancel(timer)
+            for c, ack in zip(claimed, acks, strict=True):
+                self._finished(c, ack, timer=None)
 
     def _finished(self, claimed: ClaimedJob, ack: Ack, *, timer: int | None) -> None:
         """A handler returned (on any pool): send its verdict."""

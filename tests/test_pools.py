@@ -184,3 +184,52 @@ def test_runworker_process_pool_stops_its_children_on_sigterm(storage, redis_pre
                 os.kill(pid, 0)
     finally:
         spawner.stop_all()
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_batch_handler_gets_many_jobs_and_each_ends_on_its_own(run, storage, pool):
+    queue = Queue("tests-batch", storage=storage)
+    queue.enqueue_many([(f"b{i}", {"n": i}) for i in range(25)] + [("bad", {"n": 0, "bad": True})])
+    run(["tests-batch"], pool=pool, concurrency=10)
+    assert wait_until(lambda: queue.counts()[JobState.COMPLETED] == 25, 20), queue.counts()
+    results = [queue.get_result(f"b{i}").value for i in range(25)]
+    assert [r["n"] for r in results] == [2 * i for i in range(25)]
+    assert max(r["size"] for r in results) > 1  # jobs really arrived together
+    assert all(r["size"] <= 10 for r in results)
+    assert wait_until(lambda: queue.get_status("bad").state is JobState.FAILED, 10)
+    assert queue.get_status("bad").error["message"] == "bad item bad"
+
+
+def test_a_batch_handler_that_raises_retries_every_job_of_the_call(storage):
+    from django_jobq.execution import execute_batch
+    from django_jobq.job import ClaimedJob
+
+    registry = HandlerRegistry()
+
+    def explode(jobs):
+        raise ValueError("database down")
+
+    registry.register("q", explode, batch=5)
+    claimed = [ClaimedJob("q", f"j{i}", b"{}", i + 1, 1, 3, 100, 100) for i in range(3)]
+    claimed.append(ClaimedJob("q", "junk", b"{not json", 9, 1, 3, 100, 100))
+    acks = execute_batch(claimed, registry)
+    assert [a.job_id for a in acks] == ["j0", "j1", "j2", "junk"]
+    assert all(a.kind == "fail" and not a.permanent and a.retry_in == 100 for a in acks[:3])
+    assert acks[3].permanent  # malformed: never reached the handler
+
+
+def test_a_batch_result_of_the_wrong_length_fails_the_call(storage):
+    from django_jobq.execution import execute_batch
+    from django_jobq.job import ClaimedJob
+
+    registry = HandlerRegistry()
+    registry.register("q", lambda jobs: [1], batch=5)
+    claimed = [ClaimedJob("q", f"j{i}", b"{}", i + 1, 1, 3, 100, 100) for i in range(2)]
+    acks = execute_batch(claimed, registry)
+    assert all(a.kind == "fail" for a in acks)
+    assert b"must return a list of 2 results" in acks[0].body
+
+
+def test_the_async_pool_refuses_batch_handlers(storage):
+    with pytest.raises(ConfigurationError, match="batch"):
+        Worker(["tests-batch"], storage=storage, pool="async").check()

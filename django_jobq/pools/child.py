@@ -12,6 +12,7 @@ import os
 import queue
 import signal
 import threading
+from functools import partial
 from typing import Any
 
 
@@ -23,46 +24,53 @@ def child_main(conn: Any, settings_module: str) -> None:
     import django
 
     django.setup()
-    from ..execution import execute, make_job
+    from ..execution import execute, execute_batch, make_job
     from ..job import ClaimedJob
     from ..registry import registry
 
-    jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+    runs: queue.SimpleQueue[list | None] = queue.SimpleQueue()
     replies: queue.SimpleQueue[bool] = queue.SimpleQueue()
-    current: dict[str, Any] = {}
+    current: dict[int, Any] = {}  # token -> Job of the run in progress
 
     def read() -> None:
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):  # the parent is gone: finish nothing more
-                jobs.put(None)
+                runs.put(None)
                 return
             kind = message[0]
-            if kind == "job":
-                jobs.put(message[1])
+            if kind == "run":
+                runs.put(message[1])
             elif kind == "cancel":
-                job = current.get("job")
-                if job is not None and job.token == message[1]:
+                job = current.get(message[1])
+                if job is not None:
                     job.cancel_event.set()
             elif kind == "reported":
                 replies.put(message[1])
             elif kind == "stop":
-                jobs.put(None)
+                runs.put(None)
                 return
 
     threading.Thread(target=read, name="jobq-child-reader", daemon=True).start()
     conn.send(("ready",))
-    while (fields := jobs.get()) is not None:
-        claimed = ClaimedJob(*fields)
-        job = make_job(claimed, None)
+    while (run := runs.get()) is not None:
+        claimed = [ClaimedJob(*fields) for fields in run]
+        jobs = []
+        for c in claimed:
+            job = make_job(c, None)
+            job.reporter = partial(_report, conn, replies, c.token)
+            current[c.token] = job
+            jobs.append(job)
+        if registry.options(claimed[0].queue).batch:
+            acks = execute_batch(claimed, registry, jobs)
+        else:
+            acks = [execute(claimed[0], registry, jobs[0])]
+        current.clear()
+        conn.send(("acks", acks))
 
-        def report(progress: bytes | None, line: str | None, token: int = claimed.token) -> bool:
-            conn.send(("report", token, progress, line))
-            return replies.get()
 
-        job.reporter = report
-        current["job"] = job
-        ack = execute(claimed, registry, job)
-        current.pop("job", None)
-        conn.send(("ack", ack))
+def _report(conn: Any, replies: queue.SimpleQueue, token: int, progress: Any, line: Any) -> bool:
+    """job.set_progress / job.log in a child: the parent stores it and says if the lease held."""
+    conn.send(("report", token, progress, line))
+    return replies.get()

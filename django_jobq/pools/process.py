@@ -12,8 +12,9 @@ hung handler holds only its own child's GIL.
 
 Messages on each duplex pipe (pickled by multiprocessing; they carry only our own tuples and
 the payload *bytes*, never a decoded payload):
-parent → child: ("job", ClaimedJob fields) | ("cancel", token) | ("reported", ok) | ("stop",)
-child → parent: ("ready",) | ("report", token, progress, line) | ("ack", Ack)
+parent → child: ("run", [ClaimedJob fields, ...]) | ("cancel", token) | ("reported", ok) | ("stop",)
+child → parent: ("ready",) | ("report", token, progress, line) | ("acks", [Ack, ...])
+A "run" carries one job, or up to ``batch`` jobs of one queue for a batch handler.
 """
 
 from __future__ import annotations
@@ -99,39 +100,47 @@ class ProcessRunner:
         self._children[slot] = _Child(self._ctx, slot)
 
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
-        hard = self.handlers.options(claimed.queue).hard_timeout
-        label = f"[{claimed.queue}/{claimed.job_id}]"
+        return self.run_batch(slot, [claimed], [job])[0]
+
+    def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
+        hard = self.handlers.options(claimed[0].queue).hard_timeout
+        label = f"[{claimed[0].queue}/{','.join(c.job_id for c in claimed)[:200]}]"
         try:
             child = self._child(slot)
-            child.conn.send(("job", astuple(claimed)))
-            return self._converse(child, claimed, job, hard)
+            child.conn.send(("run", [astuple(c) for c in claimed]))
+            return self._converse(child, claimed, jobs, hard)
         except HardTimeout as exc:
             logger.warning("%s killed: %s", label, exc)
             self._replace(slot)
-            return error_verdict(claimed, exc, label)
+            return [error_verdict(c, exc, label) for c in claimed]
         except (ChildDied, EOFError, OSError) as exc:
             died = exc if isinstance(exc, ChildDied) else ChildDied(f"child pipe closed: {exc}")
             logger.error("%s the child process running it died: %s", label, died)
             self._replace(slot)
-            return error_verdict(claimed, died, label)
+            return [error_verdict(c, died, label) for c in claimed]
 
-    def _converse(self, child: _Child, claimed: ClaimedJob, job: Job, hard: float | None) -> Ack:
+    def _converse(
+        self, child: _Child, claimed: list[ClaimedJob], jobs: list[Job], hard: float | None
+    ) -> list[Ack]:
         deadline = None if hard is None else time.monotonic() + hard
-        cancel_sent = False
+        by_token = {c.token: job for c, job in zip(claimed, jobs, strict=True)}
+        cancel_sent: set[int] = set()
         while True:
             if child.conn.poll(POLL):
                 message = child.conn.recv()
-                if message[0] == "ack":
+                if message[0] == "acks":
                     return message[1]
                 if message[0] == "report":
+                    job = by_token[message[1]]
                     ok = job.reporter(message[2], message[3]) if job.reporter else True
                     child.conn.send(("reported", ok))
                     if not ok:
                         job.cancel_event.set()
                 continue
-            if job.cancel_event.is_set() and not cancel_sent:
-                child.conn.send(("cancel", claimed.token))
-                cancel_sent = True
+            for token, job in by_token.items():
+                if job.cancel_event.is_set() and token not in cancel_sent:
+                    child.conn.send(("cancel", token))
+                    cancel_sent.add(token)
             if deadline is not None and time.monotonic() >= deadline:
                 raise HardTimeout(f"still running after the hard timeout of {hard:g}s")
             if not child.process.is_alive():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..execution import execute
+from ..execution import execute, execute_batch
 from ..job import ClaimedJob, Job
 from ..registry import HandlerRegistry
 from ..storage.base import Ack
@@ -23,6 +23,9 @@ class ThreadRunner:
 
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
         return execute(claimed, self.handlers, job)
+
+    def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
+        return execute_batch(claimed, self.handlers, jobs)
 
     def stop(self) -> None:
         """Handler threads are daemons; the worker has already released their jobs."""

@@ -133,3 +133,15 @@ async def async_hang(job):
     import asyncio
 
     await asyncio.sleep(60)
+
+
+@handler("tests-batch", batch=10)
+def batch(jobs):
+    """Sums per job; a payload with "bad" fails just that job; pid and batch size reported."""
+    out = []
+    for job in jobs:
+        if job.payload.get("bad"):
+            out.append(PermanentError(f"bad item {job.id}"))
+        else:
+            out.append({"n": job.payload["n"] * 2, "size": len(jobs), "pid": os.getpid()})
+    return out
