@@ -98,6 +98,11 @@ class HardTimeout(Exception):  # noqa: N818 - names what happened to the attempt
     failure would."""
 
 
+class JobCancelled(Exception):  # noqa: N818 - names what happened to the attempt
+    """An operator cancelled the running attempt (``Queue.cancel`` of an active job): the job
+    ends ``cancelled`` whatever its handler did after that."""
+
+
 class QueueBusy(JobQError):
     """``obliterate`` of a queue that still has active jobs (pass ``force=True`` to go on)."""
 

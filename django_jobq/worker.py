@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from .conf import configured_limits, get_storage, jobq_settings
-from .errors import ConfigurationError
-from .execution import make_job
+from .errors import ConfigurationError, JobCancelled
+from .execution import error_body, make_job
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
@@ -34,6 +34,7 @@ from .storage.base import Ack, Storage
 from .validation import validate_job_id, validate_queue_name
 
 logger = logging.getLogger("django_jobq.worker")
+CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class _InFlight:
     job: Job
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
     finished: bool = False  # the handler returned; its verdict is on the way to storage
+    cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
 
 
 class Worker:
@@ -88,6 +90,7 @@ class Worker:
         self._started_ms = int(time.time() * 1000)
         self.stats = {
             "completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0, "postponed": 0,
+            "cancelled": 0,
         }  # fmt: skip
         self._free = self.concurrency
         self._acker_busy = False  # the acker thread is sending a batch (see _handler_loop)
@@ -327,6 +330,9 @@ class Worker:
         if entry is None:
             return  # released at shutdown past the grace period: the verdict no longer counts
         entry.finished = True
+        if entry.cancelled:
+            body = error_body(JobCancelled("cancelled while running"), "JobCancelled")
+            ack = Ack("cancel", claimed.job_id, claimed.token, body)
         # A quiet worker (this is its only job) sends the verdict itself: handing it to the
         # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
         # other jobs in flight, verdicts go to the acker and on to storage in batches.
@@ -392,6 +398,7 @@ class Worker:
             AckOutcome.RETRYING: "retried",
             AckOutcome.RELEASED: "released",
             AckOutcome.POSTPONED: "postponed",
+            AckOutcome.CANCELLED: "cancelled",
         }.get(outcome, "lost")
         self.stats[key] += 1
         if outcome is AckOutcome.LEASE_LOST:
@@ -403,9 +410,16 @@ class Worker:
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        last_reap = time.monotonic()
-        while not self.stopped.wait(self.heartbeat_interval):
+        """Every ``CANCEL_POLL`` s: pending cancel requests of in-flight jobs; every
+        ``heartbeat_interval``: leases, the worker record, and the stalled-job sweep."""
+        last_reap = last_beat = time.monotonic()
+        tick = min(CANCEL_POLL, self.heartbeat_interval)
+        while not self.stopped.wait(tick):
             try:
+                self._poll_cancels()
+                if time.monotonic() - last_beat < self.heartbeat_interval:
+                    continue
+                last_beat = time.monotonic()
                 self._heartbeat()
                 if self.reap_interval and time.monotonic() - last_reap >= self.reap_interval:
                     last_reap = time.monotonic()
@@ -418,6 +432,25 @@ class Worker:
                             )  # fmt: skip
             except Exception as exc:
                 logger.warning("heartbeat failed (%s); leases may lapse", exc)
+
+    def _poll_cancels(self) -> None:
+        with self._cond:
+            by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for (name, job_id, token), entry in self._inflight.items():
+                if not entry.cancelled and not entry.finished:
+                    by_queue[name].append((job_id, token))
+        for name, leases in by_queue.items():
+            for (job_id, token), force in self.storage.cancel_requests(name, leases).items():
+                with self._cond:
+                    found = self._inflight.get((name, job_id, token))
+                if found is None or found.finished:
+                    continue
+                logger.warning("[%s/%s] cancelled by an operator%s", name, job_id,
+                               " (forced)" if force else "")  # fmt: skip
+                found.cancelled = True
+                found.job.cancel_event.set()
+                if force:
+                    self._runner.kill((name, job_id, token))
 
     def _heartbeat(self) -> None:
         with self._cond:

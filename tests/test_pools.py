@@ -233,3 +233,41 @@ def test_a_batch_result_of_the_wrong_length_fails_the_call(storage):
 def test_the_async_pool_refuses_batch_handlers(storage):
     with pytest.raises(ConfigurationError, match="batch"):
         Worker(["tests-batch"], storage=storage, pool="async").check()
+
+
+def wait_active(queue: Queue, job_id: str) -> bool:
+    return wait_until(
+        lambda: (s := queue.get_status(job_id)) is not None and s.state is JobState.ACTIVE, 20
+    )
+
+
+@pytest.mark.parametrize("pool", ["thread", "process", "async"])
+def test_cancelling_a_running_job_stops_a_cooperative_handler(run, storage, pool):
+    from django_jobq import CancelOutcome
+
+    run(["tests-soft-forever"], pool=pool, concurrency=1)
+    queue = Queue("tests-soft-forever", storage=storage)
+    queue.enqueue("coop", {}, max_attempts=3)
+    assert wait_active(queue, "coop")
+    assert queue.cancel("coop") is CancelOutcome.REQUESTED
+    assert wait_until(lambda: queue.get_status("coop").state is JobState.CANCELLED, 10)
+    status = queue.get_status("coop")
+    assert (status.attempts, status.error["type"]) == (1, "JobCancelled")
+
+
+@pytest.mark.parametrize(
+    ("pool", "queue_name"), [("process", "tests-stubborn"), ("async", "tests-async-sleep")]
+)
+def test_a_forced_cancel_kills_a_handler_that_ignores_its_flag(run, storage, pool, queue_name):
+    from django_jobq import CancelOutcome
+
+    worker = run([queue_name], pool=pool, concurrency=1)
+    queue = Queue(queue_name, storage=storage)
+    queue.enqueue("stuck", {"seconds": 60}, max_attempts=3)
+    assert wait_active(queue, "stuck")
+    assert queue.cancel("stuck", force=True) is CancelOutcome.REQUESTED
+    assert wait_until(lambda: queue.get_status("stuck").state is JobState.CANCELLED, 15)
+    assert queue.get_status("stuck").attempts == 1  # not retried
+    queue.enqueue("next", {"seconds": 0})  # the worker goes on (a new child, on process)
+    assert wait_until(lambda: queue.get_status("next").state is JobState.COMPLETED, 30)
+    assert worker.stats["cancelled"] == 1

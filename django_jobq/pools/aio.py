@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from ..execution import execute_async
+from ..errors import JobCancelled
+from ..execution import error_verdict, execute_async
 from ..job import ClaimedJob, Job
 from ..registry import HandlerRegistry
 from ..storage.base import Ack
@@ -26,6 +26,7 @@ class AsyncRunner:
         self.handlers = handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._tasks: dict[tuple[str, str, int], asyncio.Task] = {}  # touched on the loop only
 
     def start(self, slots: int) -> None:
         loop = self._loop = asyncio.new_event_loop()
@@ -36,16 +37,30 @@ class AsyncRunner:
         self, claimed: ClaimedJob, job: Job, done: Callable[[ClaimedJob, Ack], None]
     ) -> None:
         """Start the job on the loop; ``done`` gets its verdict (from the loop's thread)."""
-        assert self._loop is not None, "start() first"
+        loop = self._loop
+        assert loop is not None, "start() first"
         hard = self.handlers.options(claimed.queue).hard_timeout
-        coro = execute_async(claimed, self.handlers, job, hard)
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        key = (claimed.queue, claimed.job_id, claimed.token)
 
-        def finished(f: Any) -> None:
-            if not f.cancelled():  # cancelled by stop(): the worker released the job already
-                done(claimed, f.result())
+        def finished(task: asyncio.Task) -> None:
+            self._tasks.pop(key, None)
+            if task.cancelled():  # killed before its first step ran
+                ack = error_verdict(claimed, JobCancelled("cancelled before it started"), "")
+            else:
+                ack = task.result()
+            done(claimed, ack)
 
-        future.add_done_callback(finished)
+        def begin() -> None:
+            task = loop.create_task(execute_async(claimed, self.handlers, job, hard))
+            self._tasks[key] = task
+            task.add_done_callback(finished)
+
+        loop.call_soon_threadsafe(begin)
+
+    def kill(self, key: tuple[str, str, int]) -> None:
+        """Cancel one running job's task (``Queue.cancel(..., force=True)``)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: (t := self._tasks.get(key)) and t.cancel())
 
     def stop(self) -> None:
         """Cancel what still runs (its job was released by the worker past the grace period)."""

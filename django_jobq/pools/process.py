@@ -77,6 +77,7 @@ class ProcessRunner:
         self.handlers = handlers  # options only: children run their own registry's handlers
         self._ctx = multiprocessing.get_context("spawn")
         self._children: list[_Child | None] = []
+        self._running: dict[int, set[tuple[str, str, int]]] = {}  # slot -> jobs it runs now
 
     def start(self, slots: int) -> None:
         self._children = [_Child(self._ctx, slot) for slot in range(slots)]
@@ -105,6 +106,7 @@ class ProcessRunner:
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
         hard = self.handlers.options(claimed[0].queue).hard_timeout
         label = f"[{claimed[0].queue}/{','.join(c.job_id for c in claimed)[:200]}]"
+        self._running[slot] = {(c.queue, c.job_id, c.token) for c in claimed}
         try:
             child = self._child(slot)
             child.conn.send(("run", [astuple(c) for c in claimed]))
@@ -118,6 +120,16 @@ class ProcessRunner:
             logger.error("%s the child process running it died: %s", label, died)
             self._replace(slot)
             return [error_verdict(c, died, label) for c in claimed]
+        finally:
+            self._running.pop(slot, None)
+
+    def kill(self, key: tuple[str, str, int]) -> None:
+        """Kill the child running this job (``Queue.cancel(..., force=True)``); its handler
+        thread sees the child die, starts a new one and reports the attempt's end."""
+        for slot, keys in list(self._running.items()):
+            child = self._children[slot] if slot < len(self._children) else None
+            if key in keys and child is not None and child.process.is_alive():
+                child.process.kill()
 
     def _converse(
         self, child: _Child, claimed: list[ClaimedJob], jobs: list[Job], hard: float | None

@@ -27,5 +27,8 @@ class ThreadRunner:
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
         return execute_batch(claimed, self.handlers, jobs)
 
+    def kill(self, key: tuple[str, str, int]) -> None:
+        """A thread cannot be killed: a forced cancel is cooperative here (the job's flag)."""
+
     def stop(self) -> None:
         """Handler threads are daemons; the worker has already released their jobs."""

@@ -145,3 +145,27 @@ def batch(jobs):
         else:
             out.append({"n": job.payload["n"] * 2, "size": len(jobs), "pid": os.getpid()})
     return out
+
+
+@handler("tests-stubborn")
+def stubborn(job):
+    """Ignores its cancel flag for payload["seconds"]: only a kill stops it early."""
+    time.sleep(job.payload.get("seconds", 30))
+    return "finished anyway"
+
+
+@handler("tests-async-sleep")
+async def async_sleep(job):
+    import asyncio
+
+    await asyncio.sleep(job.payload.get("seconds", 30))
+    return "finished anyway"
+
+
+@handler("tests-soft-forever")
+def soft_forever(job):
+    """Polls its cancel flag (no timeout of its own): stops when an operator cancels it."""
+    deadline = time.monotonic() + 30
+    while not job.is_cancelled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "stopped"
