@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
 from .execution import error_body, make_job
@@ -44,6 +45,7 @@ class _InFlight:
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
     finished: bool = False  # the handler returned; its verdict is on the way to storage
     cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
+    since: float = 0.0  # monotonic time it was handed to the pool (autoscale's latency)
 
 
 class Worker:
@@ -61,6 +63,8 @@ class Worker:
         worker_id: str | None = None,
         idle_timeout: float = 1.0,
         pool: str = "thread",
+        autoscale: tuple[int, int] | None = None,
+        autoscale_interval: float = 5.0,
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -68,6 +72,13 @@ class Worker:
         self.queues = [validate_queue_name(q) for q in queues]
         self.storage = storage if storage is not None else get_storage()
         self.handlers = handlers
+        self.autoscaler: Autoscaler | None = None
+        if autoscale is not None:
+            try:
+                self.autoscaler = Autoscaler(*autoscale, interval=autoscale_interval)
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(str(exc)) from exc
+            concurrency = autoscale[1]  # threads / children for the maximum; the limit moves
         self.concurrency = concurrency or conf["concurrency"]
         self.lease = lease or conf["lease"]
         self.grace = conf["grace"] if grace is None else grace
@@ -92,7 +103,8 @@ class Worker:
             "completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0, "postponed": 0,
             "cancelled": 0,
         }  # fmt: skip
-        self._free = self.concurrency
+        self._limit = self.autoscaler.limit if self.autoscaler else self.concurrency
+        self._free = self._limit
         self._acker_busy = False  # the acker thread is sending a batch (see _handler_loop)
         self._cond = threading.Condition()
         # Keyed by (queue, id, token): a stalled attempt still running here and a newer claim of
@@ -206,7 +218,7 @@ class Worker:
         rotation, failures = 0, 0
         while not self._stopping.is_set():
             with self._cond:
-                while self._free == 0 and not self._stopping.is_set():
+                while self._free <= 0 and not self._stopping.is_set():
                     self._cond.wait()
             if self._stopping.is_set():
                 return
@@ -234,7 +246,7 @@ class Worker:
             name = self.queues[(rotation + i) % len(self.queues)]
             with self._cond:
                 want = min(self._free, self.batch)
-            if want == 0:
+            if want <= 0:
                 break
             batch = self.storage.claim(name, self.worker_id, want, self.lease)
             if batch.next_due_in is not None:
@@ -251,8 +263,9 @@ class Worker:
                 job = make_job(claimed, None)
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
-                    claimed, job, running=isinstance(self._runner, AsyncRunner)
-                )
+                    claimed, job, running=isinstance(self._runner, AsyncRunner),
+                    since=time.monotonic(),
+                )  # fmt: skip
         size = self.handlers.options(jobs[0].queue).batch if jobs else None
         if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
             for i in range(0, len(jobs), size):
@@ -330,6 +343,8 @@ class Worker:
         if entry is None:
             return  # released at shutdown past the grace period: the verdict no longer counts
         entry.finished = True
+        if self.autoscaler is not None:
+            self.autoscaler.observe_run((time.monotonic() - entry.since) * 1000)
         if entry.cancelled:
             body = error_body(JobCancelled("cancelled while running"), "JobCancelled")
             ack = Ack("cancel", claimed.job_id, claimed.token, body)
@@ -412,11 +427,18 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         """Every ``CANCEL_POLL`` s: pending cancel requests of in-flight jobs; every
         ``heartbeat_interval``: leases, the worker record, and the stalled-job sweep."""
-        last_reap = last_beat = time.monotonic()
+        last_reap = last_beat = last_scale = time.monotonic()
         tick = min(CANCEL_POLL, self.heartbeat_interval)
+        if self.autoscaler is not None:
+            tick = min(tick, self.autoscaler.interval / 5)
         while not self.stopped.wait(tick):
             try:
                 self._poll_cancels()
+                if self.autoscaler is not None:
+                    self.autoscaler.observe_slots(len(self._inflight))
+                    if time.monotonic() - last_scale >= self.autoscaler.interval:
+                        last_scale = time.monotonic()
+                        self._rescale(self.autoscaler)
                 if time.monotonic() - last_beat < self.heartbeat_interval:
                     continue
                 last_beat = time.monotonic()
@@ -432,6 +454,15 @@ class Worker:
                             )  # fmt: skip
             except Exception as exc:
                 logger.warning("heartbeat failed (%s); leases may lapse", exc)
+
+    def _rescale(self, autoscaler: Autoscaler) -> None:
+        pids = self._runner.pids() if isinstance(self._runner, ProcessRunner) else []
+        decision = autoscaler.step(pids)
+        with self._cond:
+            # Slots in use above a lowered limit drain as their jobs finish.
+            self._free += decision.limit - self._limit
+            self._limit = decision.limit
+            self._cond.notify_all()
 
     def _poll_cancels(self) -> None:
         with self._cond:
@@ -473,8 +504,9 @@ class Worker:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "queues": self.queues,
-            "concurrency": self.concurrency,
+            "concurrency": self._limit,
             "pool": self.pool,
+            **({"autoscale": self.autoscaler.last} if self.autoscaler else {}),
             "in_flight": len(self._inflight),
             "started": self._started_ms,
             **self.stats,

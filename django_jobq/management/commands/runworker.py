@@ -1,3 +1,4 @@
+import argparse
 import signal
 
 from django.core.management.base import BaseCommand, CommandError
@@ -9,6 +10,16 @@ from ...logutil import configure
 from ...pools import POOLS
 from ...registry import registry
 from ...worker import Worker
+
+
+def _min_max(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX (two integers), got {text!r}") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return low, high
 
 
 class Command(BaseCommand):
@@ -26,6 +37,13 @@ class Command(BaseCommand):
             default="thread",
             help="where handlers run: thread (default, I/O-bound), process (CPU-bound, hard "
             "timeouts; one reused child process per slot) or async (async def handlers)",
+        )
+        parser.add_argument(
+            "--autoscale",
+            type=_min_max,
+            metavar="MIN,MAX",
+            help="move the number of jobs in flight between MIN and MAX from measured CPU use, "
+            "slot use and handler latency (overrides --concurrency)",
         )
         parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
         parser.add_argument(
@@ -60,6 +78,7 @@ class Command(BaseCommand):
                 worker_id=options["worker_id"],
                 reap_interval=options["reap_interval"],
                 pool=options["pool"],
+                autoscale=options["autoscale"],
             )
             worker.check()
         except JobQError as exc:
