@@ -92,6 +92,17 @@ class Retry(Exception):
         self.retry_at = retry_at
 
 
+class HardTimeout(Exception):  # noqa: N818 - names what happened to the attempt
+    """An attempt ran past its handler's ``hard_timeout`` and was stopped by the worker (the
+    process pool kills its child; the async pool cancels the task). The job retries as any
+    failure would."""
+
+
+class JobCancelled(Exception):  # noqa: N818 - names what happened to the attempt
+    """An operator cancelled the running attempt (``Queue.cancel`` of an active job): the job
+    ends ``cancelled`` whatever its handler did after that."""
+
+
 class QueueBusy(JobQError):
     """``obliterate`` of a queue that still has active jobs (pass ``force=True`` to go on)."""
 

@@ -6,15 +6,19 @@ are plain functions that tests call directly.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import json
 import logging
 import random
 import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import PermanentError, RateLimited, SerializationError
+from .errors import HardTimeout, PermanentError, RateLimited, SerializationError
 from .job import ClaimedJob, Job
 from .queue import serde_for
 from .registry import HandlerRegistry
@@ -73,19 +77,22 @@ def make_job(claimed: ClaimedJob, payload: Any) -> Job:
     )
 
 
-def execute(
-    claimed: ClaimedJob,
-    registry: HandlerRegistry,
-    job: Job | None = None,
-    rng: random.Random | None = None,
-) -> Ack:
-    """Run the handler for ``claimed`` and return the verdict to send to storage.
+@dataclass(slots=True)
+class Prepared:
+    """A claimed job ready to call: its handler, the Job it receives, the serde of its result."""
 
-    Never raises: a malformed payload, a missing handler or an unserialisable result fails the
-    job permanently (retrying would not help); any other error retries with backoff.
-    """
+    func: Any
+    job: Job
+    serde: Any
+    label: str
+
+
+def prepare(
+    claimed: ClaimedJob, registry: HandlerRegistry, job: Job | None = None
+) -> Prepared | Ack:
+    """Decode the payload and find the handler; an Ack instead when the job cannot run at all
+    (malformed payload, no handler): those fail permanently, since retrying would not help."""
     label = f"[{claimed.queue}/{claimed.job_id}]"
-    serde = None
     try:
         serde = serde_for(claimed.content_type)
         payload = serde.loads(claimed.payload)
@@ -104,33 +111,139 @@ def execute(
     else:
         job.payload = payload
     logger.debug("%s starting attempt %d/%d", label, claimed.attempt, claimed.max_attempts)
-    try:
-        result = func(job)
-    except PermanentError as exc:
+    return Prepared(func, job, serde, label)
+
+
+def error_verdict(
+    claimed: ClaimedJob, exc: BaseException, label: str, rng: random.Random | None = None
+) -> Ack:
+    """The verdict for a handler that raised: permanent, postponed, or a retry with backoff."""
+    if isinstance(exc, PermanentError):
         logger.warning("%s failed permanently: %s", label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
-    except RateLimited as exc:
+    if isinstance(exc, RateLimited):
         # Not a failure of the job: it goes back to waiting and keeps its attempt.
         wait_ms = max(0, int(exc.retry_in * 1000))
         logger.info("%s rate limited, runs again in %d ms", label, wait_ms)
         return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait_ms,
                    queue_wide=exc.queue_wide)  # fmt: skip
-    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
-        delay = requested_retry_ms(exc)
-        if delay is None:
-            delay = backoff_ms(
-                claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng or _JITTER
-            )
-        logger.warning(
-            "%s attempt %d/%d failed: %s: %s", label, claimed.attempt, claimed.max_attempts,
-            type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
-        )  # fmt: skip
-        return Ack("fail", claimed.job_id, claimed.token, error_body(exc), retry_in=delay)
+    delay = requested_retry_ms(exc)
+    if delay is None:
+        delay = backoff_ms(
+            claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng or _JITTER
+        )
+    logger.warning(
+        "%s attempt %d/%d failed: %s: %s", label, claimed.attempt, claimed.max_attempts,
+        type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
+    )  # fmt: skip
+    return Ack("fail", claimed.job_id, claimed.token, error_body(exc), retry_in=delay)
+
+
+def result_verdict(claimed: ClaimedJob, prepared: Prepared, result: Any) -> Ack:
     try:
-        body = serde.dumps(result)
+        body = prepared.serde.dumps(result)
     except SerializationError as exc:
-        logger.error("%s result is not serialisable: %s", label, exc)
+        logger.error("%s result is not serialisable: %s", prepared.label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "BadResult"),
                    permanent=True)  # fmt: skip
-    logger.debug("%s completed", label)
+    logger.debug("%s completed", prepared.label)
     return Ack("complete", claimed.job_id, claimed.token, body)
+
+
+def execute(
+    claimed: ClaimedJob,
+    registry: HandlerRegistry,
+    job: Job | None = None,
+    rng: random.Random | None = None,
+) -> Ack:
+    """Run the handler for ``claimed`` and return the verdict to send to storage.
+
+    Never raises: a malformed payload, a missing handler or an unserialisable result fails the
+    job permanently (retrying would not help); any other error retries with backoff. An
+    ``async def`` handler runs to completion on a private event loop here (the async pool
+    runs them many at a time instead: ``execute_async``).
+    """
+    prepared = prepare(claimed, registry, job)
+    if isinstance(prepared, Ack):
+        return prepared
+    try:
+        result = prepared.func(prepared.job)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
+        return error_verdict(claimed, exc, prepared.label, rng)
+    return result_verdict(claimed, prepared, result)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def execute_async(
+    claimed: ClaimedJob,
+    registry: HandlerRegistry,
+    job: Job | None = None,
+    hard_timeout: float | None = None,
+) -> Ack:
+    """``execute`` on the caller's event loop: a coroutine handler is awaited (a plain one runs
+    in a thread, so it cannot block the loop). Past ``hard_timeout`` seconds the handler is
+    cancelled and the attempt fails with ``HardTimeout`` (retried as the policy says)."""
+    prepared = prepare(claimed, registry, job)
+    if isinstance(prepared, Ack):
+        return prepared
+    func, handler_job = prepared.func, prepared.job
+    try:
+        if inspect.iscoroutinefunction(func):
+            call = func(handler_job)
+        else:
+            call = asyncio.to_thread(func, handler_job)
+        result = await asyncio.wait_for(call, hard_timeout)
+    except TimeoutError:
+        handler_job.cancel_event.set()
+        exc = HardTimeout(f"still running after the hard timeout of {hard_timeout}s")
+        return error_verdict(claimed, exc, prepared.label)
+    except BaseException as exc:  # noqa: BLE001 - includes a handler's CancelledError
+        return error_verdict(claimed, exc, prepared.label)
+    return result_verdict(claimed, prepared, result)
+
+
+def execute_batch(
+    claimed: Sequence[ClaimedJob], registry: HandlerRegistry, jobs: Sequence[Job] | None = None
+) -> list[Ack]:
+    """Run a batch handler once for several jobs of one queue; one verdict per job, in order.
+
+    Jobs that cannot run (malformed payload) get their verdict without joining the call. The
+    handler returns a list with one result per job it was given; an exception instance in it
+    fails that job alone. An exception raised by the call, or a result list of the wrong shape,
+    fails every job of the call, each by its own attempt count and backoff.
+    """
+    acks: list[Ack | None] = [None] * len(claimed)
+    ready: list[tuple[int, Prepared]] = []
+    for i, c in enumerate(claimed):
+        prepared = prepare(c, registry, jobs[i] if jobs is not None else None)
+        if isinstance(prepared, Ack):
+            acks[i] = prepared
+        else:
+            ready.append((i, prepared))
+    if ready:
+        func = ready[0][1].func
+        try:
+            results = func([p.job for _, p in ready])
+            if inspect.isawaitable(results):
+                results = asyncio.run(_awaited(results))
+            if not isinstance(results, list | tuple) or len(results) != len(ready):
+                raise TypeError(
+                    f"a batch handler must return a list of {len(ready)} results, "
+                    f"got {type(results).__name__}"
+                    + (f" of {len(results)}" if isinstance(results, list | tuple) else "")
+                )
+        except BaseException as exc:  # noqa: BLE001 - as in execute
+            for i, p in ready:
+                acks[i] = error_verdict(claimed[i], exc, p.label)
+        else:
+            for (i, p), result in zip(ready, results, strict=True):
+                if isinstance(result, BaseException):
+                    acks[i] = error_verdict(claimed[i], result, p.label)
+                else:
+                    acks[i] = result_verdict(claimed[i], p, result)
+    return [ack for ack in acks if ack is not None]

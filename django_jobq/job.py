@@ -42,6 +42,7 @@ class EnqueueOutcome(enum.StrEnum):
 
 class CancelOutcome(enum.StrEnum):
     CANCELLED = "cancelled"  # now (or already) cancelled; it will never run
+    REQUESTED = "requested"  # running: its worker was asked to stop it (see Queue.cancel)
     NOT_FOUND = "not_found"  # no such job, or its record expired
     ACTIVE = "active"  # running: cannot be cancelled by this call
     COMPLETED = "completed"
@@ -91,6 +92,7 @@ class AckOutcome(enum.StrEnum):
     RELEASED = "released"
     POSTPONED = "postponed"  # rate limited by the handler: back to scheduled, no attempt used
     LEASE_LOST = "lease_lost"  # the lease was reclaimed (or the job vanished): nothing written
+    CANCELLED = "cancelled"  # an operator cancelled the running attempt: it ended cancelled
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,9 @@ class Job(models.Model):
     # raw INSERTs that do not name them need no database default.
     progress = models.JSONField(null=True, blank=True)
     logs = models.JSONField(null=True, blank=True)
+    # "stop" / "force": an operator asked the running attempt to stop (Queue.cancel of an
+    # active job); its worker ends it cancelled. Kept until the job ends.
+    cancel_requested = models.CharField(max_length=8, blank=True, default="", db_default="")
     # Scheduling (issue 4). Database defaults too, because the Redis mirror inserts rows with
     # raw SQL that names only the columns it knows.
     lifo = models.BooleanField(default=False, db_default=False)

@@ -342,10 +342,14 @@ class Queue:
 
     # -- managing ---------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> CancelOutcome:
-        """Cancel a waiting job: ``cancelled``, or why not (``not_found``, ``active``,
-        ``completed``, ``failed``). A cancelled job never runs."""
-        return self.storage.cancel(self.name, validate_job_id(job_id))
+    def cancel(self, job_id: str, *, force: bool = False) -> CancelOutcome:
+        """Cancel a job. Waiting: ``cancelled`` at once; it never runs. Running: ``requested``:
+        within about a second its worker sets the job's ``is_cancelled()`` flag and, with
+        ``force``, kills it (process pool: the child; async pool: the task; the thread pool
+        cannot kill a thread, so there it stays cooperative); the attempt then ends
+        ``cancelled`` whatever the handler returns. Otherwise why not: ``not_found``,
+        ``completed``, ``failed``."""
+        return self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
 
     def change_run_at(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigurationError
@@ -12,12 +13,53 @@ from .validation import validate_queue_name
 Handler = Callable[[Job], Any]
 
 
+@dataclass(frozen=True, slots=True)
+class HandlerOptions:
+    """How the worker runs a queue's handler (seconds; None: no limit).
+
+    ``timeout`` is soft: past it the job's ``is_cancelled()`` turns True and a cooperative
+    handler stops. ``hard_timeout`` is enforced: the process pool kills the child running it
+    (and starts a new one), the async pool cancels the task; the attempt fails with
+    ``HardTimeout`` and retries as the policy says. The thread pool cannot stop a thread, so
+    a worker refuses to serve a handler with a hard timeout there."""
+
+    timeout: float | None = None
+    hard_timeout: float | None = None
+    # The handler takes a list of up to ``batch`` jobs (bulk inserts, batched API calls) and
+    # returns one result per job, in order; an exception instance in that list fails just
+    # that job. Timeouts then apply to the whole batch.
+    batch: int | None = None
+
+
+def _seconds(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._options: dict[str, HandlerOptions] = {}
 
-    def register(self, queue: str, func: Handler) -> Handler:
+    def register(
+        self,
+        queue: str,
+        func: Handler,
+        *,
+        timeout: float | None = None,
+        hard_timeout: float | None = None,
+        batch: int | None = None,
+    ) -> Handler:
         validate_queue_name(queue)
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
+                                  or not 1 <= batch <= 1000):  # fmt: skip
+            raise ConfigurationError(f"batch must be an integer from 1 to 1000, got {batch!r}")
+        options = HandlerOptions(
+            _seconds("timeout", timeout), _seconds("hard_timeout", hard_timeout), batch
+        )
         existing = self._handlers.get(queue)
         if existing is not None and _qualname(existing) != _qualname(func):
             # Two handlers for one queue would make which one runs an accident of import order.
@@ -26,10 +68,15 @@ class HandlerRegistry:
                 f" cannot also register {_qualname(func)}"
             )
         self._handlers[queue] = func
+        self._options[queue] = options
         return func
 
     def unregister(self, queue: str) -> None:
         self._handlers.pop(queue, None)
+        self._options.pop(queue, None)
+
+    def options(self, queue: str) -> HandlerOptions:
+        return self._options.get(queue) or HandlerOptions()
 
     def get(self, queue: str) -> Handler | None:
         return self._handlers.get(queue)
@@ -52,14 +99,23 @@ def _qualname(func: Callable) -> str:
 registry = HandlerRegistry()
 
 
-def handler(queue: str) -> Callable[[Handler], Handler]:
+def handler(
+    queue: str,
+    *,
+    timeout: float | None = None,
+    hard_timeout: float | None = None,
+    batch: int | None = None,
+) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``queue``.
 
     The function receives a ``Job`` (id, payload, attempt, cancellation flag) and returns the
-    job's result (JSON-serialisable by default).
+    job's result (JSON-serialisable by default); it may be ``async def``. ``timeout``,
+    ``hard_timeout`` (seconds) and ``batch``: see ``HandlerOptions``.
     """
 
     def decorator(func: Handler) -> Handler:
-        return registry.register(queue, func)
+        return registry.register(
+            queue, func, timeout=timeout, hard_timeout=hard_timeout, batch=batch
+        )
 
     return decorator

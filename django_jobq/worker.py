@@ -22,16 +22,20 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
-from .errors import ConfigurationError
-from .execution import execute, make_job
+from .errors import ConfigurationError, JobCancelled
+from .execution import error_body, make_job
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
+from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
 from .validation import validate_job_id, validate_queue_name
 
 logger = logging.getLogger("django_jobq.worker")
+CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
 
 
 @dataclass(slots=True)
@@ -40,6 +44,8 @@ class _InFlight:
     job: Job
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
     finished: bool = False  # the handler returned; its verdict is on the way to storage
+    cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
+    since: float = 0.0  # monotonic time it was handed to the pool (autoscale's latency)
 
 
 class Worker:
@@ -56,6 +62,9 @@ class Worker:
         reap_interval: float | None = None,
         worker_id: str | None = None,
         idle_timeout: float = 1.0,
+        pool: str = "thread",
+        autoscale: tuple[int, int] | None = None,
+        autoscale_interval: float = 5.0,
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -63,6 +72,13 @@ class Worker:
         self.queues = [validate_queue_name(q) for q in queues]
         self.storage = storage if storage is not None else get_storage()
         self.handlers = handlers
+        self.autoscaler: Autoscaler | None = None
+        if autoscale is not None:
+            try:
+                self.autoscaler = Autoscaler(*autoscale, interval=autoscale_interval)
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(str(exc)) from exc
+            concurrency = autoscale[1]  # threads / children for the maximum; the limit moves
         self.concurrency = concurrency or conf["concurrency"]
         self.lease = lease or conf["lease"]
         self.grace = conf["grace"] if grace is None else grace
@@ -73,18 +89,31 @@ class Worker:
             worker_id or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"[-128:]
         )
         self.idle_timeout = idle_timeout
+        if pool not in POOLS:
+            raise ConfigurationError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+        self.pool = pool
+        runners: dict[str, type[ThreadRunner | ProcessRunner | AsyncRunner]] = {
+            "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
+        }  # fmt: skip
+        self._runner = runners[pool](handlers)
+        self._watchdog = Watchdog()
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
         self.stats = {
             "completed": 0, "failed": 0, "retried": 0, "lost": 0, "released": 0, "postponed": 0,
+            "cancelled": 0,
         }  # fmt: skip
-        self._free = self.concurrency
+        self._limit = self.autoscaler.limit if self.autoscaler else self.concurrency
+        self._free = self._limit
         self._acker_busy = False  # the acker thread is sending a batch (see _handler_loop)
         self._cond = threading.Condition()
         # Keyed by (queue, id, token): a stalled attempt still running here and a newer claim of
         # the same job are two entries, each freeing its own slot when its verdict is sent.
         self._inflight: dict[tuple[str, str, int], _InFlight] = {}
-        self._work: stdqueue.SimpleQueue[ClaimedJob | None] = stdqueue.SimpleQueue()
+        # One job, or a list of jobs for a batch handler.
+        self._work: stdqueue.SimpleQueue[ClaimedJob | list[ClaimedJob] | None] = (
+            stdqueue.SimpleQueue()
+        )
         self._acks: stdqueue.SimpleQueue[tuple[str, Ack] | None] = stdqueue.SimpleQueue()
         self._stopping = threading.Event()
         self._hurry = threading.Event()  # second signal: skip the grace period
@@ -99,6 +128,19 @@ class Worker:
         if missing:
             raise ConfigurationError(
                 f"no handler registered for queue(s) {missing}; known: {self.handlers.queues()}"
+            )
+        hard = [q for q in self.queues if self.handlers.options(q).hard_timeout is not None]
+        batched = [q for q in self.queues if self.handlers.options(q).batch]
+        if batched and self.pool == "async":
+            raise ConfigurationError(
+                f"queue(s) {batched} have batch handlers, which run on the thread or process"
+                " pool, not the async pool"
+            )
+        if hard and not self._runner.supports_hard_timeout:
+            raise ConfigurationError(
+                f"queue(s) {hard} have a hard_timeout, which the {self.pool} pool cannot enforce"
+                " (a thread cannot be stopped from outside): run them with --pool process or"
+                " --pool async"
             )
 
     def run(self) -> None:
@@ -158,8 +200,10 @@ class Worker:
         return self._stopping.is_set()
 
     def _start_threads(self) -> None:
-        for i in range(self.concurrency):
-            self._spawn(self._handler_loop, f"jobq-handler-{i}")
+        self._runner.start(self.concurrency)
+        if self.pool != "async":  # the async pool runs jobs on its own loop thread
+            for i in range(self.concurrency):
+                self._spawn(lambda slot=i: self._handler_loop(slot), f"jobq-handler-{i}")
         self._spawn(self._ack_loop, "jobq-acker")
         self._spawn(self._heartbeat_loop, "jobq-heartbeat")
 
@@ -174,7 +218,7 @@ class Worker:
         rotation, failures = 0, 0
         while not self._stopping.is_set():
             with self._cond:
-                while self._free == 0 and not self._stopping.is_set():
+                while self._free <= 0 and not self._stopping.is_set():
                     self._cond.wait()
             if self._stopping.is_set():
                 return
@@ -202,7 +246,7 @@ class Worker:
             name = self.queues[(rotation + i) % len(self.queues)]
             with self._cond:
                 want = min(self._free, self.batch)
-            if want == 0:
+            if want <= 0:
                 break
             batch = self.storage.claim(name, self.worker_id, want, self.lease)
             if batch.next_due_in is not None:
@@ -219,10 +263,21 @@ class Worker:
                 job = make_job(claimed, None)
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
-                    claimed, job
-                )
+                    claimed, job, running=isinstance(self._runner, AsyncRunner),
+                    since=time.monotonic(),
+                )  # fmt: skip
+        size = self.handlers.options(jobs[0].queue).batch if jobs else None
+        if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
+            for i in range(0, len(jobs), size):
+                self._work.put(jobs[i : i + size])
+            return
         for claimed in jobs:
-            self._work.put(claimed)
+            if isinstance(self._runner, AsyncRunner):
+                entry = self._inflight[(claimed.queue, claimed.job_id, claimed.token)]
+                timer = self._soft_timeout(claimed, [entry.job])
+                self._runner.submit(claimed, entry.job, partial(self._finished, timer=timer))
+            else:
+                self._work.put(claimed)
 
     def _reporter(self, claimed: ClaimedJob) -> Reporter:
         """job.set_progress / job.log of one attempt, fenced by its token."""
@@ -241,29 +296,72 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _handler_loop(self) -> None:
-        while (claimed := self._work.get()) is not None:
+    def _soft_timeout(self, claimed: ClaimedJob, jobs: list[Job]) -> int | None:
+        timeout = self.handlers.options(claimed.queue).timeout
+        if timeout is None:
+            return None
+
+        def expire() -> None:
+            logger.warning("[%s/%s] past its %gs timeout; asking the handler to stop",
+                           claimed.queue, claimed.job_id, timeout)  # fmt: skip
+            for job in jobs:
+                job.cancel_event.set()
+
+        return self._watchdog.schedule(timeout, expire)
+
+    def _handler_loop(self, slot: int) -> None:
+        while (item := self._work.get()) is not None:
+            assert not isinstance(self._runner, AsyncRunner)  # it has no handler threads
             with self._cond:
-                entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
-                if entry is None:
-                    continue  # released during shutdown before it started
-                entry.running = True
-            ack = execute(claimed, self.handlers, entry.job)
-            entry.finished = True
-            # A quiet worker (this is its only job) sends the verdict itself: handing it to the
-            # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
-            # other jobs in flight, verdicts go to the acker and on to storage in batches.
-            with self._cond:
-                direct = (
-                    len(self._inflight) == 1
-                    and not self._acker_busy
-                    and self._acks.empty()
-                    and not self.stopping
-                )
-            if direct:
-                self._send_acks(claimed.queue, [ack])
+                entries = [
+                    self._inflight.get((c.queue, c.job_id, c.token))
+                    for c in (item if isinstance(item, list) else [item])
+                ]
+                # Released during shutdown before they started: not run.
+                live = [e for e in entries if e is not None]
+                for entry in live:
+                    entry.running = True
+            if not live:
+                continue
+            claimed, jobs = [e.claimed for e in live], [e.job for e in live]
+            timer = self._soft_timeout(claimed[0], jobs)
+            if isinstance(item, list):
+                acks = self._runner.run_batch(slot, claimed, jobs)
             else:
-                self._acks.put((claimed.queue, ack))
+                acks = [self._runner.run(slot, claimed[0], jobs[0])]
+            if timer is not None:
+                self._watchdog.cancel(timer)
+            for c, ack in zip(claimed, acks, strict=True):
+                self._finished(c, ack, timer=None)
+
+    def _finished(self, claimed: ClaimedJob, ack: Ack, *, timer: int | None) -> None:
+        """A handler returned (on any pool): send its verdict."""
+        if timer is not None:
+            self._watchdog.cancel(timer)
+        with self._cond:
+            entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
+        if entry is None:
+            return  # released at shutdown past the grace period: the verdict no longer counts
+        entry.finished = True
+        if self.autoscaler is not None:
+            self.autoscaler.observe_run((time.monotonic() - entry.since) * 1000)
+        if entry.cancelled:
+            body = error_body(JobCancelled("cancelled while running"), "JobCancelled")
+            ack = Ack("cancel", claimed.job_id, claimed.token, body)
+        # A quiet worker (this is its only job) sends the verdict itself: handing it to the
+        # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
+        # other jobs in flight, verdicts go to the acker and on to storage in batches.
+        with self._cond:
+            direct = (
+                len(self._inflight) == 1
+                and not self._acker_busy
+                and self._acks.empty()
+                and not self.stopping
+            )
+        if direct:
+            self._send_acks(claimed.queue, [ack])
+        else:
+            self._acks.put((claimed.queue, ack))
 
     def _ack_loop(self) -> None:
         done = False
@@ -315,6 +413,7 @@ class Worker:
             AckOutcome.RETRYING: "retried",
             AckOutcome.RELEASED: "released",
             AckOutcome.POSTPONED: "postponed",
+            AckOutcome.CANCELLED: "cancelled",
         }.get(outcome, "lost")
         self.stats[key] += 1
         if outcome is AckOutcome.LEASE_LOST:
@@ -326,9 +425,23 @@ class Worker:
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        last_reap = time.monotonic()
-        while not self.stopped.wait(self.heartbeat_interval):
+        """Every ``CANCEL_POLL`` s: pending cancel requests of in-flight jobs; every
+        ``heartbeat_interval``: leases, the worker record, and the stalled-job sweep."""
+        last_reap = last_beat = last_scale = time.monotonic()
+        tick = min(CANCEL_POLL, self.heartbeat_interval)
+        if self.autoscaler is not None:
+            tick = min(tick, self.autoscaler.interval / 5)
+        while not self.stopped.wait(tick):
             try:
+                self._poll_cancels()
+                if self.autoscaler is not None:
+                    self.autoscaler.observe_slots(len(self._inflight))
+                    if time.monotonic() - last_scale >= self.autoscaler.interval:
+                        last_scale = time.monotonic()
+                        self._rescale(self.autoscaler)
+                if time.monotonic() - last_beat < self.heartbeat_interval:
+                    continue
+                last_beat = time.monotonic()
                 self._heartbeat()
                 if self.reap_interval and time.monotonic() - last_reap >= self.reap_interval:
                     last_reap = time.monotonic()
@@ -341,6 +454,34 @@ class Worker:
                             )  # fmt: skip
             except Exception as exc:
                 logger.warning("heartbeat failed (%s); leases may lapse", exc)
+
+    def _rescale(self, autoscaler: Autoscaler) -> None:
+        pids = self._runner.pids() if isinstance(self._runner, ProcessRunner) else []
+        decision = autoscaler.step(pids)
+        with self._cond:
+            # Slots in use above a lowered limit drain as their jobs finish.
+            self._free += decision.limit - self._limit
+            self._limit = decision.limit
+            self._cond.notify_all()
+
+    def _poll_cancels(self) -> None:
+        with self._cond:
+            by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for (name, job_id, token), entry in self._inflight.items():
+                if not entry.cancelled and not entry.finished:
+                    by_queue[name].append((job_id, token))
+        for name, leases in by_queue.items():
+            for (job_id, token), force in self.storage.cancel_requests(name, leases).items():
+                with self._cond:
+                    found = self._inflight.get((name, job_id, token))
+                if found is None or found.finished:
+                    continue
+                logger.warning("[%s/%s] cancelled by an operator%s", name, job_id,
+                               " (forced)" if force else "")  # fmt: skip
+                found.cancelled = True
+                found.job.cancel_event.set()
+                if force:
+                    self._runner.kill((name, job_id, token))
 
     def _heartbeat(self) -> None:
         with self._cond:
@@ -363,7 +504,9 @@ class Worker:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "queues": self.queues,
-            "concurrency": self.concurrency,
+            "concurrency": self._limit,
+            "pool": self.pool,
+            **({"autoscale": self.autoscaler.last} if self.autoscaler else {}),
             "in_flight": len(self._inflight),
             "started": self._started_ms,
             **self.stats,
@@ -399,6 +542,8 @@ class Worker:
         for thread in self._threads:
             if thread.name == "jobq-acker":
                 thread.join(timeout=10)
+        self._runner.stop()
+        self._watchdog.stop()
         try:
             self.storage.deregister_worker(self.worker_id)
         except Exception as exc:

@@ -269,9 +269,14 @@ def test_cancel_outcomes_for_each_state(live_storage, worker):
         if queue.get_status("running").state is JobState.ACTIVE:
             break
         threading.Event().wait(0.01)
-    assert queue.cancel("running") is CancelOutcome.ACTIVE
-    assert queue.enqueue_and_wait("running", {}, timeout=5) == "running"
-    assert queue.cancel("running") is CancelOutcome.COMPLETED
+    assert queue.cancel("running") is CancelOutcome.REQUESTED  # its worker is asked to stop it
+    with pytest.raises(JobFailed) as failed:
+        queue.enqueue_and_wait("running", {}, timeout=5)
+    assert failed.value.state == "cancelled"
+    assert queue.cancel("running") is CancelOutcome.CANCELLED
+    queue.enqueue("done", {"seconds": 0})
+    assert queue.enqueue_and_wait("done", {}, timeout=5) == "done"
+    assert queue.cancel("done") is CancelOutcome.COMPLETED
 
 
 def test_cancelled_job_never_runs(live_storage, worker):

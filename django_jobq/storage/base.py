@@ -37,7 +37,7 @@ Clock = Callable[[], int]
 class Ack:
     """One worker verdict on a claimed job, for ``ack_many`` batches."""
 
-    kind: str  # "complete" | "fail" | "release" | "postpone"
+    kind: str  # "complete" | "fail" | "release" | "postpone" | "cancel"
     job_id: str
     token: int
     body: bytes = b""  # result (complete) or JSON error (fail)
@@ -248,6 +248,8 @@ class Storage(abc.ABC):
                         permanent=ack.permanent,
                     )
                 )
+            elif ack.kind == "cancel":
+                out.append(self.cancel_active(queue, ack.job_id, ack.token, ack.body))
             elif ack.kind == "postpone":
                 out.append(
                     self.postpone(
@@ -265,6 +267,27 @@ class Storage(abc.ABC):
         """scheduled/queued/retrying/blocked → cancelled in O(log n): the job will never run;
         its record (and so its id's deduplication) stays for ``result_ttl``; waiters are told.
         An active or finished job is left alone and its state returned."""
+
+    @abc.abstractmethod
+    def request_cancel(self, queue: str, job_id: str, *, force: bool = False) -> CancelOutcome:
+        """Ask the worker running an active job to stop it: mark the record (``force``: the
+        worker may kill it) and return ``REQUESTED``; the worker finds the mark through
+        ``cancel_requests`` and ends the attempt with ``cancel_active``. The mark stays until
+        the job ends, so an attempt that starts after a stall is stopped too. A job that is
+        not active (it finished or went back to waiting meanwhile) gets what ``cancel`` does."""
+
+    @abc.abstractmethod
+    def cancel_requests(
+        self, queue: str, leases: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], bool]:
+        """Of the ``(job_id, token)`` leases still held, those whose stop was requested, each
+        with its ``force`` flag. One call for all of a worker's leases of the queue."""
+
+    @abc.abstractmethod
+    def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
+        """active → cancelled for the lease holder, as ``fail`` would end it for good but in
+        state ``cancelled`` (no retry, not a dead letter; waiters told; dedup key freed;
+        successor released); event ``cancelled``; ``CANCELLED`` or ``LEASE_LOST``."""
 
     @abc.abstractmethod
     def change(

@@ -1114,6 +1114,38 @@ class DatabaseStorage(Storage):
                 self._events(target, "log", now, row["worker"])
             return True
 
+    def request_cancel(self, queue: str, job_id: str, *, force: bool = False) -> CancelOutcome:
+        with self._atomic():
+            self._write_lock()
+            row = self._existing(queue, job_id, self._now())
+            if row is None or row.state != JobState.ACTIVE or row.has_successor:
+                return self.cancel(queue, job_id)  # in this transaction: no job slips between
+            self._jobs().filter(pk=row.pk).update(cancel_requested="force" if force else "stop")
+            return CancelOutcome.REQUESTED
+
+    def cancel_requests(
+        self, queue: str, leases: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], bool]:
+        wanted = dict(leases)
+        rows = (
+            self._jobs()
+            .filter(queue=queue, job_id__in=list(wanted), state=JobState.ACTIVE)
+            .exclude(cancel_requested="")
+            .values_list("job_id", "token", "cancel_requested")
+        )
+        return {(j, t): mark == "force" for j, t, mark in rows if wanted.get(j) == t}
+
+    def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
+        now = self._now()
+        with self._atomic():
+            row = self._take_lease(queue, job_id, token, error=json.loads(error))
+            if row is None:
+                return AckOutcome.LEASE_LOST
+            fields = self._finish_fields(row, JobState.CANCELLED, now)
+            self._jobs().filter(pk=row["id"]).update(**fields)
+            self._finished(row, queue, job_id, "cancelled", now)
+            return AckOutcome.CANCELLED
+
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         now = self._now()
         with self._atomic():
@@ -1253,6 +1285,7 @@ class DatabaseStorage(Storage):
             # Its place in line (priority, order key, id) is in the row: it is kept.
             self._jobs().filter(pk=row.pk).update(
                 state=JobState.QUEUED, attempts=0, stalls=0, error=None, result=None, progress=None,
+                cancel_requested="",
                 finished_at=None, expires_at=None, run_at=None, lease_deadline=None,
             )  # fmt: skip
             # A simple-mode key was free once the job ended; the retried job does not retake it.

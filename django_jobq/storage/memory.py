@@ -75,6 +75,7 @@ class _Rec:
     successor: _Rec | None = None  # blocked singleton run of this id (its run_at: due time)
     progress: bytes | None = None
     logs: list[tuple[int, str]] = field(default_factory=list)
+    cancel: str = ""  # "" | "stop" | "force": an operator asked the running attempt to stop
 
 
 @dataclass(slots=True)
@@ -550,6 +551,37 @@ class MemoryStorage(Storage):
                 self._event(queue, q, rec, "log", now)
             return True
 
+    def request_cancel(self, queue: str, job_id: str, *, force: bool = False) -> CancelOutcome:
+        with self._cond:
+            rec = self._live(self._peek(queue), job_id, self._now())
+            if rec is None or rec.state is not JobState.ACTIVE or rec.successor is not None:
+                return self.cancel(queue, job_id)  # the condition's lock is re-entrant
+            rec.cancel = "force" if force else "stop"
+            return CancelOutcome.REQUESTED
+
+    def cancel_requests(
+        self, queue: str, leases: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], bool]:
+        with self._cond:
+            q = self._peek(queue)
+            out = {}
+            for job_id, token in leases:
+                rec = self._owned(q, job_id, token)
+                if rec is not None and rec.cancel:
+                    out[(job_id, token)] = rec.cancel == "force"
+            return out
+
+    def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            rec = self._owned(q, job_id, token)
+            if rec is None:
+                return AckOutcome.LEASE_LOST
+            rec.error = error
+            self._end_run(queue, q, rec, JobState.CANCELLED, now)
+            return AckOutcome.CANCELLED
+
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         with self._cond:
             now = self._now()
@@ -647,6 +679,7 @@ class MemoryStorage(Storage):
                 del q.keys[rec.dedup_key or ""]  # freed when it ended; a retry does not retake it
             rec.attempts = rec.stalls = 0
             rec.error = rec.result = rec.progress = None
+            rec.cancel = ""
             rec.finished_at = rec.expires_at = rec.run_at = None
             self._index_queued(q, rec)
             self._event(queue, q, rec, "retried", now)

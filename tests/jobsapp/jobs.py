@@ -68,3 +68,104 @@ def celery_record(ledger, n, seconds=0.0):
     with Path(ledger).open("a") as fh:
         fh.write(f"{n}\n")
     return n
+
+
+# -- pools (tests/test_pools.py): these run in process-pool children too ----------------------
+
+
+@handler("tests-cpu")
+def cpu(job):
+    """Pure-Python work for payload["seconds"] of wall time: holds its process's GIL."""
+    deadline = time.monotonic() + job.payload["seconds"]
+    n = 0
+    while time.monotonic() < deadline:
+        n += sum(i * i for i in range(1000))
+    return {"pid": os.getpid(), "attempt": job.attempt}
+
+
+@handler("tests-hang", hard_timeout=1.0)
+def hang(job):
+    if job.payload.get("hang"):
+        time.sleep(60)
+    return {"pid": os.getpid()}
+
+
+@handler("tests-soft", timeout=0.3)
+def soft(job):
+    deadline = time.monotonic() + 10
+    while not job.is_cancelled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"stopped": job.is_cancelled()}
+
+
+@handler("tests-crash")
+def crash(job):
+    if job.payload.get("crash") and job.attempt == 1:
+        os._exit(3)
+    return {"pid": os.getpid(), "attempt": job.attempt}
+
+
+@handler("tests-report")
+def report(job):
+    job.set_progress({"pid": os.getpid()})
+    job.log(f"child {os.getpid()} at work")
+    return os.getpid()
+
+
+ASYNC_STATE = {"running": 0, "peak": 0}
+
+
+@handler("tests-async")
+async def in_flight(job):
+    import asyncio
+
+    ASYNC_STATE["running"] += 1
+    ASYNC_STATE["peak"] = max(ASYNC_STATE["peak"], ASYNC_STATE["running"])
+    try:
+        await asyncio.sleep(job.payload.get("sleep", 0.2))
+    finally:
+        ASYNC_STATE["running"] -= 1
+    return job.payload.get("n")
+
+
+@handler("tests-async-hang", hard_timeout=0.5)
+async def async_hang(job):
+    import asyncio
+
+    await asyncio.sleep(60)
+
+
+@handler("tests-batch", batch=10)
+def batch(jobs):
+    """Sums per job; a payload with "bad" fails just that job; pid and batch size reported."""
+    out = []
+    for job in jobs:
+        if job.payload.get("bad"):
+            out.append(PermanentError(f"bad item {job.id}"))
+        else:
+            out.append({"n": job.payload["n"] * 2, "size": len(jobs), "pid": os.getpid()})
+    return out
+
+
+@handler("tests-stubborn")
+def stubborn(job):
+    """Ignores its cancel flag for payload["seconds"]: only a kill stops it early."""
+    time.sleep(job.payload.get("seconds", 30))
+    return "finished anyway"
+
+
+@handler("tests-async-sleep")
+async def async_sleep(job):
+    import asyncio
+
+    await asyncio.sleep(job.payload.get("seconds", 30))
+    return "finished anyway"
+
+
+@handler("tests-soft-forever")
+def soft_forever(job):
+    """Polls its cancel flag (no timeout of its own): stops when an operator cancels it."""
+    deadline = time.monotonic() + 30
+    while not job.is_cancelled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "stopped"

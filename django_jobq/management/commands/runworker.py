@@ -1,3 +1,4 @@
+import argparse
 import signal
 
 from django.core.management.base import BaseCommand, CommandError
@@ -6,8 +7,19 @@ from ...celery_compat import celery_settings
 from ...celery_compat.bridge import KombuBridge, bridge_thread
 from ...errors import JobQError
 from ...logutil import configure
+from ...pools import POOLS
 from ...registry import registry
 from ...worker import Worker
+
+
+def _min_max(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX (two integers), got {text!r}") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return low, high
 
 
 class Command(BaseCommand):
@@ -19,6 +31,20 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=int, help="lease (visibility timeout) in ms")
         parser.add_argument("--grace", type=float, help="seconds to finish jobs on SIGTERM")
         parser.add_argument("--batch", type=int, help="max jobs per claim")
+        parser.add_argument(
+            "--pool",
+            choices=POOLS,
+            default="thread",
+            help="where handlers run: thread (default, I/O-bound), process (CPU-bound, hard "
+            "timeouts; one reused child process per slot) or async (async def handlers)",
+        )
+        parser.add_argument(
+            "--autoscale",
+            type=_min_max,
+            metavar="MIN,MAX",
+            help="move the number of jobs in flight between MIN and MAX from measured CPU use, "
+            "slot use and handler latency (overrides --concurrency)",
+        )
         parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
         parser.add_argument(
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
@@ -51,6 +77,8 @@ class Command(BaseCommand):
                 batch=options["batch"],
                 worker_id=options["worker_id"],
                 reap_interval=options["reap_interval"],
+                pool=options["pool"],
+                autoscale=options["autoscale"],
             )
             worker.check()
         except JobQError as exc:

@@ -37,7 +37,10 @@ _ENQUEUE_CODES = {
     3: EnqueueOutcome.COMPLETED,
     4: EnqueueOutcome.UPDATED,
 }
-_FAIL_CODES = {0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING}
+_FAIL_CODES = {
+    0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING,
+    4: AckOutcome.CANCELLED,
+}  # fmt: skip
 _ACK_DONE = {
     "complete": AckOutcome.COMPLETED,
     "release": AckOutcome.RELEASED,
@@ -430,9 +433,11 @@ class RedisStorage(Storage):
         if ack.kind == "complete":
             keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
             return "complete", keys + self._settle_keys(queue), [*head, ack.body]
-        if ack.kind == "fail":
+        if ack.kind in ("fail", "cancel"):
             keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
-            args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent else 0]
+            cancel = ack.kind == "cancel"
+            args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent or cancel else 0,
+                    "cancelled" if cancel else ""]  # fmt: skip
             return "fail", [*keys, *self._settle_keys(queue), k.dead], args
         if ack.kind == "postpone":
             keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.config]
@@ -443,7 +448,7 @@ class RedisStorage(Storage):
 
     @staticmethod
     def _parse_ack(kind: str, raw: int) -> AckOutcome:
-        if kind == "fail":
+        if kind in ("fail", "cancel"):
             return _FAIL_CODES[raw]
         if raw == 0:
             return AckOutcome.LEASE_LOST
@@ -518,15 +523,35 @@ class RedisStorage(Storage):
 
     # -- management -------------------------------------------------------------------------
 
-    def cancel(self, queue: str, job_id: str) -> CancelOutcome:
+    def cancel(self, queue: str, job_id: str, *, mode: str = "") -> CancelOutcome:
         k = self.keys(queue)
         raw = self.scripts.call(
             "cancel",
             [k.job(job_id), k.queued, k.scheduled, k.events, k.stats, k.done(job_id),
              k.succ(job_id), k.blocked, k.dedup_prefix],
-            [self._now_arg(), self.events_maxlen, job_id],
+            [self._now_arg(), self.events_maxlen, job_id, mode],
         )  # fmt: skip
         return CancelOutcome(_s(raw))
+
+    def request_cancel(self, queue: str, job_id: str, *, force: bool = False) -> CancelOutcome:
+        """cancel.lua with a mode: waiting jobs are cancelled, an active one is marked, in the
+        same atomic step, so no job slips between the two."""
+        return self.cancel(queue, job_id, mode="force" if force else "stop")
+
+    def cancel_requests(
+        self, queue: str, leases: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], bool]:
+        pipe = self.client.pipeline(transaction=False)
+        for job_id, _ in leases:
+            pipe.hmget(self.keys(queue).job(job_id), "state", "token", "cancel")
+        out = {}
+        for (job_id, token), (state, held, mark) in zip(leases, pipe.execute(), strict=True):
+            if mark and _s(state) == "active" and _i(held) == token:
+                out[(job_id, token)] = _s(mark) == "force"
+        return out
+
+    def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
+        return self._ack(queue, Ack("cancel", job_id, token, error))
 
     def change(
         self, queue: str, job_id: str, *, run_at: int | None = None, priority: int | None = None

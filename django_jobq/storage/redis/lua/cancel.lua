@@ -13,8 +13,11 @@ KEYS[9] dedup prefix  "{p:q}:dedup:"
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
 ARGV[3] job id
+ARGV[4] for an active job: '' leave it alone; 'stop' / 'force' mark it (field 'cancel') so its
+        worker stops it (cooperatively / by killing it), and return 'requested'
 
-Returns: 'cancelled' (now or already), 'not_found', 'active', 'completed' or 'failed'.
+Returns: 'cancelled' (now or already), 'requested', 'not_found', 'active', 'completed' or
+'failed'.
 An id with a blocked successor: the successor is cancelled (deleted) and the record is left
 as it is (an active run continues). Otherwise the record is cancelled and stays
 (deduplicating the id) until its result_ttl passes; a simple-mode dedup key it holds is freed.
@@ -38,6 +41,10 @@ if f[2] == '1' then
   redis.call('SREM', blocked_key, id)
   emit(events_key, ARGV[2], id, 'cancelled', now)
   return 'cancelled'
+end
+if state == 'active' and ARGV[4] ~= '' then
+  redis.call('HSET', job_key, 'cancel', ARGV[4])
+  return 'requested'
 end
 if state == 'active' or state == 'completed' or state == 'failed' or state == 'cancelled' then
   return state

@@ -16,9 +16,11 @@ ARGV[4] fencing token of the caller's claim
 ARGV[5] error (JSON bytes)
 ARGV[6] retry delay (ms from now, by this script's clock) used when the job may retry
 ARGV[7] permanent (1 = no further attempts)
+ARGV[8] 'cancelled' when an operator cancelled the running attempt (ends it cancelled, not
+        failed: no retry, no dead letter), else ''
 
-Returns: 2 failed for good; 3 retrying; 0 lease lost (nothing written).
-Events: 'retrying' or 'failed'. A retry wakes idle workers so they re-read the next due time.
+Returns: 2 failed for good; 3 retrying; 4 cancelled; 0 lease lost (nothing written).
+Events: 'retrying', 'failed' or 'cancelled'. A retry wakes idle workers so they re-read the next due time.
 Failed for good settles the job like complete.lua (dedup key freed, successor released) and
 puts it on the dead-letter list (unless a successor took the id over); a
 retrying job keeps both: it is not finished, and its successor must not run beside it.
@@ -39,14 +41,16 @@ redis.call('HSET', job_key, 'error', ARGV[5])
 redis.call('ZREM', active_key, id)
 -- A claim stopped at the concurrency cap with jobs left: the slot freed now is claimable.
 if redis.call('DEL', capped_key) == 1 then wake(wake_key) end
-if ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
-  finish(job_key, done_key, stats_key, 'failed', ARGV[5], now)
-  emit(events_key, ARGV[2], id, 'failed', now, f[3])
+local final = ARGV[8] == 'cancelled' and 'cancelled' or 'failed'
+if final == 'cancelled' or ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
+  finish(job_key, done_key, stats_key, final, ARGV[5], now)
+  emit(events_key, ARGV[2], id, final, now, f[3])
   if f[6] or f[7] then
     local h = sched()
     h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[6], f[7], f[8], now)
   end
   bury(job_key, KEYS[14], id, now)
+  if final == 'cancelled' then return 4 end
   return 2
 end
 

@@ -31,7 +31,7 @@ if state ~= 'failed' and state ~= 'cancelled' then return 'waiting' end
 local now = now_ms(ARGV[1])
 redis.call('PERSIST', job_key)
 redis.call('HSET', job_key, 'state', 'queued', 'attempts', 0, 'stalls', 0)
-redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at', 'progress')
+redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at', 'progress', 'cancel')
 redis.call('ZADD', queued_key, queued_score(f[2], f[3], f[4]), id)
 redis.call('ZREM', dead_key, id)
 emit(events_key, ARGV[2], id, 'retried', now)

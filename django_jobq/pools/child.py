@@ -1,0 +1,76 @@
+"""The body of a process-pool child: set Django up once, then run jobs one at a time.
+
+A reader thread owns the receiving end of the pipe, so a ``cancel`` (soft timeout, lost lease)
+reaches the running handler's flag while the main thread is busy in it. Only the main thread
+sends. The child ignores SIGINT/SIGTERM: stopping is the parent's decision (``stop`` message,
+or a kill past the grace period), so a Ctrl-C in a terminal does not kill jobs mid-way.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from functools import partial
+from typing import Any
+
+
+def child_main(conn: Any, settings_module: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if settings_module:
+        os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
+    import django
+
+    django.setup()
+    from ..execution import execute, execute_batch, make_job
+    from ..job import ClaimedJob
+    from ..registry import registry
+
+    runs: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+    replies: queue.SimpleQueue[bool] = queue.SimpleQueue()
+    current: dict[int, Any] = {}  # token -> Job of the run in progress
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone: finish nothing more
+                runs.put(None)
+                return
+            kind = message[0]
+            if kind == "run":
+                runs.put(message[1])
+            elif kind == "cancel":
+                job = current.get(message[1])
+                if job is not None:
+                    job.cancel_event.set()
+            elif kind == "reported":
+                replies.put(message[1])
+            elif kind == "stop":
+                runs.put(None)
+                return
+
+    threading.Thread(target=read, name="jobq-child-reader", daemon=True).start()
+    conn.send(("ready",))
+    while (run := runs.get()) is not None:
+        claimed = [ClaimedJob(*fields) for fields in run]
+        jobs = []
+        for c in claimed:
+            job = make_job(c, None)
+            job.reporter = partial(_report, conn, replies, c.token)
+            current[c.token] = job
+            jobs.append(job)
+        if registry.options(claimed[0].queue).batch:
+            acks = execute_batch(claimed, registry, jobs)
+        else:
+            acks = [execute(claimed[0], registry, jobs[0])]
+        current.clear()
+        conn.send(("acks", acks))
+
+
+def _report(conn: Any, replies: queue.SimpleQueue, token: int, progress: Any, line: Any) -> bool:
+    """job.set_progress / job.log in a child: the parent stores it and says if the lease held."""
+    conn.send(("report", token, progress, line))
+    return replies.get()

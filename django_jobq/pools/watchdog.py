@@ -1,0 +1,57 @@
+"""One thread for every soft timeout of a worker: a per-job timer thread would cost more than a
+no-op job, and most jobs finish long before their timeout."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+
+class Watchdog:
+    """Calls ``callback`` at a monotonic deadline unless the handle is cancelled first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cancelled: set[int] = set()
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def schedule(self, delay: float, callback: Callable[[], None]) -> int:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jobq-watchdog", daemon=True)
+                self._thread.start()
+            handle = next(self._seq)
+            heapq.heappush(self._heap, (time.monotonic() + delay, handle, callback))
+            self._cond.notify()
+            return handle
+
+    def cancel(self, handle: int) -> None:
+        with self._cond:
+            self._cancelled.add(handle)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    if self._heap and self._heap[0][1] in self._cancelled:
+                        self._cancelled.discard(heapq.heappop(self._heap)[1])
+                        continue
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                if self._stopped:
+                    return
+                _, _, callback = heapq.heappop(self._heap)
+            callback()
