@@ -406,3 +406,14 @@ def test_job_page_links_the_schedule_that_enqueued_the_job(admin_client, jobq):
             reverse("admin:django_jobq_schedule_change", args=[schedule.pk]),
         )
     ]
+
+
+def test_cancel_and_kill_of_a_running_job_asks_its_worker_through_the_queue(admin_client, jobq):
+    jobq.queue.enqueue("running", 1)
+    [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+    page = admin_client.get(job_url(jobq, "running"))
+    assert [name for name, _, _ in page.context["actions"]] == ["cancel", "force_cancel"]
+    done = admin_client.post(job_url(jobq, "running", act="force_cancel"), {"confirm": "yes"})
+    assert done.status_code == 302
+    lease = ("running", claimed.token)
+    assert jobq.storage.cancel_requests(Q, [lease]) == {lease: True}  # True: may kill

@@ -43,9 +43,16 @@ class ActionSpec:
     needs_priority: bool = False
 
 
-def _cancel(job: Job, _: dict[str, Any]) -> tuple[bool, str]:
-    outcome = queue_for(job.queue).cancel(job.job_id)
+def _cancel(job: Job, _: dict[str, Any], *, force: bool = False) -> tuple[bool, str]:
+    outcome = queue_for(job.queue).cancel(job.job_id, force=force)
+    if outcome.value == "requested":
+        how = "kill" if force else "stop"
+        return True, f"running: its worker was asked to {how} it (within about a second)"
     return outcome.value == "cancelled", outcome.value
+
+
+def _force_cancel(job: Job, extra: dict[str, Any]) -> tuple[bool, str]:
+    return _cancel(job, extra, force=True)
 
 
 def _retry(job: Job, _: dict[str, Any]) -> tuple[bool, str]:
@@ -87,7 +94,14 @@ def _priority(job: Job, extra: dict[str, Any]) -> tuple[bool, str]:
 
 ACTIONS: dict[str, ActionSpec] = {
     "cancel": ActionSpec(
-        "Cancel", CANCEL_PERM, "cancel", _cancel, "Waiting jobs are cancelled and never run."
+        "Cancel", CANCEL_PERM, "cancel", _cancel,
+        "Waiting jobs are cancelled and never run; running jobs are asked to stop (their "
+        "handler sees job.is_cancelled()) and end cancelled.",
+    ),
+    "force_cancel": ActionSpec(
+        "Cancel and kill", CANCEL_PERM, "cancel", _force_cancel,
+        "Running jobs are stopped by force where the pool can (process pool: the child is "
+        "killed; async pool: the task is cancelled; thread pool: as a plain cancel).",
     ),
     "retry": ActionSpec(
         "Retry", RETRY_PERM, "retry", _retry,

@@ -19,7 +19,14 @@ TIMELINE_LIMIT = 500
 
 #: Which actions make sense in which state (the storage would refuse the others anyway).
 ACTION_STATES = {
-    "cancel": {JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING, JobState.BLOCKED},
+    "cancel": {
+        JobState.QUEUED,
+        JobState.SCHEDULED,
+        JobState.RETRYING,
+        JobState.BLOCKED,
+        JobState.ACTIVE,
+    },
+    "force_cancel": {JobState.ACTIVE},
     "retry": {JobState.FAILED, JobState.CANCELLED},
     "requeue_dead": {JobState.FAILED},
     "delete": {JobState.FAILED},
