@@ -149,12 +149,21 @@ def test_queue_page_draws_throughput_and_latency_charts(admin_client, jobq):
 def test_workers_page_lists_live_workers_and_their_current_jobs(admin_client, jobq):
     jobq.queue.enqueue("running", 1)
     jobq.storage.claim(Q, "w-77", 1, 30_000)
-    info = {"host": "box-1", "pid": 4242, "queues": [Q], "concurrency": 4, "in_flight": 1}
+    info = {
+        "host": "box-1",
+        "pid": 4242,
+        "queues": [Q],
+        "concurrency": 4,
+        "in_flight": 1,
+        "pool": "process",
+        "autoscale": {"min": 2, "max": 8, "reason": "slots busy"},
+    }
     jobq.storage.register_worker("w-77", info, 30_000)
     jobq.sync()
     page = admin_client.get(reverse("admin:django_jobq_workerinfo_changelist"))
     [worker] = [w for w in page.context["workers"] if w["worker_id"] == "w-77"]
     assert worker["host"] == "box-1" and worker["pid"] == 4242 and not worker["stale"]
+    assert worker["pool"] == "process" and worker["autoscale"] == "autoscale 2–8: slots busy"
     assert [j.job_id for j in worker["jobs"]] == ["running"]
 
 

@@ -78,7 +78,8 @@ def jobs(settings):
     emails.enqueue("digest-2026-11-24", {"to": "all"}, delay=3_600_000, priority=5)
     storage.register_worker(
         "worker-a", {"host": "app-1", "pid": 3121, "queues": ["emails", "reports", "webhooks"],
-                     "concurrency": 8, "started": now - 3_600_000}, 3_600_000,
+                     "concurrency": 8, "pool": "thread", "started": now - 3_600_000},
+        3_600_000,
     )  # fmt: skip
     Schedule.objects.create(name="nightly-report", queue="reports", cron="0 3 * * *")
     Schedule.objects.create(name="cleanup", queue="emails", interval=900, timezone="UTC")

@@ -51,6 +51,8 @@ def live_workers(now: dt.datetime | None = None) -> tuple[list[dict[str, Any]], 
             "pid": info.get("pid"),
             "queues": list(info.get("queues", [])),
             "concurrency": info.get("concurrency", 0),
+            "pool": info.get("pool", ""),
+            "autoscale": _autoscale(info.get("autoscale")),
             "in_flight": info.get("in_flight", 0),
             "completed": info.get("completed", 0),
             "failed": info.get("failed", 0),
@@ -61,6 +63,13 @@ def live_workers(now: dt.datetime | None = None) -> tuple[list[dict[str, Any]], 
             "gone": False,
         })  # fmt: skip
     return sorted(out, key=lambda w: w["worker_id"]), None
+
+
+def _autoscale(last: Any) -> str:
+    """The autoscaler's last decision (``runworker --autoscale``) in one line."""
+    if not isinstance(last, dict):
+        return ""
+    return f"autoscale {last.get('min')}–{last.get('max')}: {last.get('reason', '')}"
 
 
 def gone_workers(live_ids: set[str], now: dt.datetime) -> list[dict[str, Any]]:
