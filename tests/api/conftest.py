@@ -7,6 +7,7 @@ import gc
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from django_jobq.api.keys import create_key
@@ -44,6 +45,7 @@ def jobq_settings_for(kind: str, request) -> dict:
 def api_backend(request, settings) -> str:
     """The API with JOBQ pointing at one backend (a Redis key prefix of this test's own)."""
     settings.JOBQ = jobq_settings_for(request.param, request)
+    cache.clear()  # throttle counters of an earlier test's key with the same pk
     yield request.param
     get_storage().close()
     reset_storage()
