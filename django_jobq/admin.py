@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from .api import admin as api_admin  # noqa: F401 - registers the ApiKey admin
 from .models import Schedule
 from .schedules import describe, fire_now, validate_schedule
 

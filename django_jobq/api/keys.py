@@ -44,6 +44,11 @@ def parse_key(raw: str) -> tuple[str, str] | None:
     return prefix, secret
 
 
+def new_secret() -> tuple[str, str]:
+    """A fresh ``(prefix, secret)``: 32 bits of lookup prefix, 256 bits of secret."""
+    return secrets.token_hex(4), secrets.token_urlsafe(32)
+
+
 def create_key(
     name: str,
     *,
@@ -57,8 +62,7 @@ def create_key(
     if unknown:
         raise ValueError(f"unknown action(s) {sorted(unknown)}: choose from {list(ACTIONS)}")
     validate_rate(throttle_rate)
-    prefix = secrets.token_hex(4)
-    secret = secrets.token_urlsafe(32)
+    prefix, secret = new_secret()
     key = ApiKey.objects.create(
         name=name,
         prefix=prefix,
