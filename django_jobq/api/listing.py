@@ -31,7 +31,7 @@ def rows_alias() -> str:
 
 class JobFilterSerializer(serializers.Serializer):
     queue = serializers.RegexField(rf"^{QueueNameConverter.regex}\Z", required=False)
-    state = serializers.ChoiceField(choices=JobState.values, required=False)
+    state = serializers.ChoiceField(choices=JobState.choices, required=False)
     handler = serializers.CharField(required=False, max_length=200)
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)

@@ -1,5 +1,12 @@
 """The OpenAPI 3 document of this API (drf-spectacular), served at ``schema/`` and committed
-as ``docs/openapi.yaml``. Paths are relative to where the URLconf is included."""
+as ``docs/openapi.yaml``. Paths are relative to where the URLconf is included.
+
+Regenerate the committed file after changing the API (tests/api/test_schema.py compares)::
+
+    DJANGO_SETTINGS_MODULE=tests.settings python manage.py spectacular \\
+        --urlconf django_jobq.api.urls --custom-settings django_jobq.api.schema.SETTINGS \\
+        --file docs/openapi.yaml
+"""
 
 from __future__ import annotations
 
@@ -19,8 +26,8 @@ SETTINGS = {
         "to where `django_jobq.api.urls` is included (e.g. `/jobq/`). See docs/api.md."
     ),
     "VERSION": "0.1.0",
-    "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "django_jobq.states.JobState"},
 }
 URLCONF = "django_jobq.api.urls"
 
@@ -44,6 +51,13 @@ def generate() -> dict[str, Any]:
         return SchemaGenerator(urlconf=URLCONF).get_schema(request=None, public=True)
 
 
+def render_yaml() -> bytes:
+    """The YAML text of docs/openapi.yaml (the file a test keeps in step with the code)."""
+    from drf_spectacular.renderers import OpenApiYamlRenderer
+
+    return OpenApiYamlRenderer().render(generate(), renderer_context={})
+
+
 class SchemaView(SpectacularAPIView):
     """Authenticated like every endpoint but health: any valid credential may read it."""
 
@@ -51,3 +65,4 @@ class SchemaView(SpectacularAPIView):
     permission_classes = [IsAuthenticated]
     custom_settings = SETTINGS
     urlconf = URLCONF
+    schema = None  # the schema does not describe itself

@@ -90,7 +90,7 @@ class EnqueueResultSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
     outcome = serializers.ChoiceField(choices=["queued", "duplicate", "completed", "updated"])
-    state = serializers.ChoiceField(choices=JobState.values)
+    state = serializers.ChoiceField(choices=JobState.choices)
     result = serializers.JSONField(allow_null=True, help_text="cached result (completed)")
     error = serializers.JSONField(allow_null=True)
 
@@ -102,7 +102,7 @@ class BulkResultSerializer(serializers.Serializer):
 class JobStatusSerializer(serializers.Serializer):
     id = serializers.CharField(source="job_id")
     queue = serializers.CharField()
-    state = serializers.ChoiceField(choices=JobState.values)
+    state = serializers.ChoiceField(choices=JobState.choices)
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     stalls = serializers.IntegerField()
@@ -122,7 +122,7 @@ class JobStatusSerializer(serializers.Serializer):
 class JobResultSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
-    state = serializers.ChoiceField(choices=JobState.values)
+    state = serializers.ChoiceField(choices=JobState.choices)
     ready = serializers.BooleanField(
         help_text="true once the job is completed, failed or cancelled"
     )
@@ -134,7 +134,7 @@ class ActionResultSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
     outcome = serializers.CharField()
-    state = serializers.ChoiceField(choices=JobState.values)
+    state = serializers.ChoiceField(choices=JobState.choices)
 
 
 class ConflictSerializer(serializers.Serializer):
