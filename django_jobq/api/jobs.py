@@ -11,7 +11,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult
+from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult, RetryOutcome
 from ..queue import Queue, get_queue
 from ..states import TERMINAL_STATES
 from .base import Conflict, JobQView
@@ -165,3 +165,27 @@ class CancelView(JobQView):
                            "cancelled", outcome.value)  # fmt: skip
         return Response({"id": job_id, "queue": queue, "outcome": "cancelled",
                          "state": "cancelled"})  # fmt: skip
+
+
+class RetryView(JobQView):
+    jobq_action = "manage"
+
+    @extend_schema(
+        operation_id="job_retry",
+        request=None,
+        responses={200: ActionResultSerializer, 404: None, 409: ConflictSerializer, **ERRORS},
+    )
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Run a failed or cancelled job again from attempt 1; 409 with its state otherwise."""
+        q = get_queue(queue)
+        outcome = q.retry(job_id)
+        if outcome is RetryOutcome.NOT_FOUND:
+            raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        if outcome is not RetryOutcome.RETRIED:
+            current = q.get_status(job_id)
+            state = current.state.value if current is not None else outcome.value
+            raise Conflict(f"job {job_id!r} is {state}: only a failed or cancelled job can be "
+                           "retried", state)  # fmt: skip
+        current = q.get_status(job_id)
+        state = current.state.value if current is not None else "queued"
+        return Response({"id": job_id, "queue": queue, "outcome": "retried", "state": state})

@@ -8,7 +8,7 @@ from . import require_drf
 
 require_drf()
 
-from . import jobs, listing, operations, queues, schema  # noqa: E402 - after the extra check
+from . import dead, jobs, listing, operations, queues, schema  # noqa: E402 - after the extra check
 from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
 
 register_converter(QueueNameConverter, "jobq_queue")
@@ -30,6 +30,8 @@ urlpatterns = [
     path(J, jobs.JobStatusView.as_view(), name="job-status"),
     path(J + "result/", jobs.JobResultView.as_view(), name="job-result"),
     path(J + "cancel/", jobs.CancelView.as_view(), name="job-cancel"),
+    path(J + "retry/", jobs.RetryView.as_view(), name="job-retry"),
+    path(Q + "dead/", dead.DeadLetterListView.as_view(), name="dead-letters"),
     path("workers/", operations.WorkerListView.as_view(), name="worker-list"),
     path("schedules/", operations.ScheduleListView.as_view(), name="schedule-list"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
