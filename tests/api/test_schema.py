@@ -47,7 +47,7 @@ def live_api(api_backend, make_key, settings):
     return loaded
 
 
-EXAMPLES_PER_OPERATION = 15  # about 400 requests over both backends: a minute or less
+EXAMPLES_PER_OPERATION = 30  # about 900 requests over both backends: well under a minute
 
 
 @pytest.mark.slow
