@@ -180,3 +180,10 @@ def test_cancel_completed_job_is_409_with_its_state(api, worker):
 
 def test_cancel_unknown_job_is_404(api):
     assert api.post(URL + "jobs/nope/cancel/").status_code == 404
+
+
+def test_payload_over_the_default_one_mib_limit_is_413(api):
+    response = api.post(URL + "jobs/", {"id": "huge", "payload": "x" * (2 * 1024 * 1024)},
+                        format="json")  # fmt: skip
+    assert response.status_code == 413
+    assert get_queue("tests-echo").get_status("huge") is None
