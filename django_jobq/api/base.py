@@ -4,7 +4,9 @@ core exceptions to HTTP answers (never a 500 for a refused input or an unreachab
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -16,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from ..conf import jobq_settings
 from ..errors import InvalidJobId, InvalidQueueName, PayloadTooLarge, QueueBusy
 from ..errors import ValidationError as JobQValidationError
 from .auth import ApiKeyAuthentication
@@ -69,6 +72,22 @@ def translate(exc: Exception) -> Exception:
     return exc
 
 
+def check_body_size(request: Any) -> None:
+    """Refuse a body too big to parse before reading it. DRF parses JSON from the stream, where
+    Django's DATA_UPLOAD_MAX_MEMORY_SIZE is not applied, so the same bound is applied here
+    (raised to fit one payload of MAX_PAYLOAD_BYTES, for queues configured above it)."""
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None or not declared.isdigit():
+        return
+    limit = max(limit, jobq_settings()["MAX_PAYLOAD_BYTES"] + 65536)
+    if int(declared) > limit:
+        raise PayloadTooLargeError(
+            f"request body is {declared} bytes, over the limit of {limit} bytes"
+            " (DATA_UPLOAD_MAX_MEMORY_SIZE)"
+        )
+
+
 class JobQView(APIView):
     """Base of the API's views. ``jobq_action`` names the scope a request needs."""
 
@@ -79,6 +98,10 @@ class JobQView(APIView):
     throttle_classes = [JobQRateThrottle]
     # Our own, whatever DEFAULT_SCHEMA_CLASS the project has: the schema stays complete.
     schema = AutoSchema()
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        check_body_size(request)
 
     def handle_exception(self, exc: Exception) -> Response:
         response = super().handle_exception(translate(exc))

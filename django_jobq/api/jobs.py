@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -119,6 +120,11 @@ class JobStatusView(JobQView):
 
 class WaitSerializer(serializers.Serializer):
     wait = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT)
+
+    def validate_wait(self, value: float) -> float:
+        if not math.isfinite(value):  # NaN passes the range checks
+            raise serializers.ValidationError("must be a number of seconds")
+        return value
 
 
 class JobResultView(JobQView):

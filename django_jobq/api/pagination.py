@@ -26,6 +26,8 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, int]:
         at = dt.datetime.fromisoformat(created)
         if at.tzinfo is None or isinstance(pk, bool) or not isinstance(pk, int):
             raise ValueError(cursor)
+        if not 0 < pk < 2**63:  # a primary key column's range; beyond it SQLite overflows
+            raise ValueError(cursor)
         return at, pk
     except (ValueError, TypeError, UnicodeDecodeError):
         raise ValidationError({"cursor": ["not a cursor this API returned"]}) from None

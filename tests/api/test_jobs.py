@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from django_jobq.api import waiting
 from django_jobq.queue import get_queue
 
 URL = "/jobq/queues/tests-echo/"
@@ -187,3 +188,29 @@ def test_payload_over_the_default_one_mib_limit_is_413(api):
                         format="json")  # fmt: skip
     assert response.status_code == 413
     assert get_queue("tests-echo").get_status("huge") is None
+
+
+def test_result_wait_wakes_on_the_completion_not_at_the_end_of_a_slice(api, worker, monkeypatch):
+    # With 20 s slices, only a real wake-up (events on Redis, the record's own signal on the
+    # database) can answer well before the first slice ends.
+    monkeypatch.setattr(waiting, "SLICE", 20.0)
+    api.post(URL + "jobs/", {"id": "wake", "payload": 1}, format="json")
+    worker("tests-echo")
+    started = time.monotonic()
+    body = api.get(URL + "jobs/wake/result/?wait=25").json()
+    assert body["ready"] is True
+    assert time.monotonic() - started < 10
+
+
+def test_body_over_the_upload_limit_is_413_before_it_is_parsed(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+    jobs = [{"id": f"b{n}", "payload": "x" * 300_000} for n in range(10)]  # 3 MB in all
+    response = api.post(URL + "bulk/", {"jobs": jobs}, format="json")
+    assert response.status_code == 413
+    assert "DATA_UPLOAD_MAX_MEMORY_SIZE" in response.json()["detail"]
+    assert get_queue("tests-echo").counts()["queued"] == 0
+
+
+def test_result_wait_nan_is_400(api):
+    api.post(URL + "jobs/", {"id": "nan"}, format="json")
+    assert api.get(URL + "jobs/nan/result/?wait=nan").status_code == 400
