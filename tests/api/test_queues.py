@@ -67,3 +67,21 @@ def test_schedules_are_listed_by_scope(api_backend, client_for):
     assert everything[0]["next_run_at"] is not None
     scoped = client_for(queues=["api-b"]).get("/jobq/schedules/").json()
     assert [s["name"] for s in scoped] == ["often"]
+
+
+def test_schedule_run_now_enqueues_one_extra_run(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    response = client_for().post("/jobq/schedules/nightly/run/")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["queue"], body["outcome"]) == ("api-a", "queued")
+    assert body["id"].startswith("schedule.nightly.manual-")
+    assert get_queue("api-a").get_status(body["id"]).state == "queued"
+
+
+def test_schedule_run_needs_manage_and_the_queue(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    assert client_for(actions=["read"]).post("/jobq/schedules/nightly/run/").status_code == 403
+    assert client_for(queues=["api-b"]).post("/jobq/schedules/nightly/run/").status_code == 404
+    assert client_for().post("/jobq/schedules/nope/run/").status_code == 404
+    assert get_queue("api-a").counts()["queued"] == 0
