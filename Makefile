@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,api]'
 	touch $@
 
 demo: $(BIN)/.installed

@@ -17,6 +17,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_jobq",
     "example_project.demo",
+    "rest_framework",
+    "drf_spectacular",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -65,4 +67,12 @@ JOBQ = {
         "thumbnails": {"max_attempts": 3, "result_ttl": 3600 * 1000},
         "emails": {"max_attempts": 4, "min_backoff": 200, "max_backoff": 2000},
     },
+}
+
+# The REST API at /jobq/ (docs/api.md): session login (the admin's) or an API key from
+# `python manage.py jobq_apikey create`. Swagger UI at /jobq/docs/, Redoc at /jobq/redoc/.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_RATES": {"jobq": "600/min"},
 }

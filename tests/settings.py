@@ -15,6 +15,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_jobq",
     "tests.jobsapp",
+    "rest_framework",
+    "drf_spectacular",
 ]
 # The admin (tests/test_schedules.py drives the Schedule admin through the test client).
 ROOT_URLCONF = "tests.urls"
@@ -82,4 +84,13 @@ TASKS = {
         "QUEUES": ["default", "tasks-other"],
         "OPTIONS": {"JOB_OPTIONS": {"max_attempts": 2, "min_backoff": 10, "max_backoff": 20}},
     }
+}
+
+# The REST API (tests/api/): the project's own DRF authentication beside django_jobq's API keys.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }

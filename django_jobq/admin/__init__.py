@@ -6,6 +6,7 @@ the pages only read rows and live storage figures. See docs/admin.md.
 
 from django.contrib import admin
 
+from ..api import admin as api_admin  # noqa: F401 - registers the ApiKey admin (no DRF needed)
 from ..models import Job, QueueConfig, WorkerInfo
 from .jobs import JobAdmin
 from .queues import QueueAdmin

@@ -1,0 +1,110 @@
+"""What every API view shares: authentication, permission, throttling, and the mapping of
+core exceptions to HTTP answers (never a 500 for a refused input or an unreachable store)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError
+from drf_spectacular.openapi import AutoSchema
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rest_framework import status
+from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import ValidationError as DRFValidationError
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from ..conf import jobq_settings
+from ..errors import InvalidJobId, InvalidQueueName, PayloadTooLarge, QueueBusy
+from ..errors import ValidationError as JobQValidationError
+from .auth import ApiKeyAuthentication
+from .permissions import JobQPermission
+from .throttling import JobQRateThrottle
+
+logger = logging.getLogger("django_jobq.api")
+
+
+class StorageUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "the job storage is unreachable; try again shortly"
+    default_code = "storage_unavailable"
+
+
+class PayloadTooLargeError(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
+class Conflict(APIException):
+    """A job is in the wrong state for the action; the body says which state it is in."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "wrong_state"
+
+    def __init__(self, detail: str, state: str) -> None:
+        super().__init__({"detail": detail, "state": state})
+
+
+STORAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OperationalError, InterfaceError)
+
+
+def translate(exc: Exception) -> Exception:
+    """The HTTP exception a core exception stands for (or ``exc`` itself when none)."""
+    if isinstance(exc, PayloadTooLarge):
+        return PayloadTooLargeError(str(exc))
+    if isinstance(exc, InvalidQueueName):
+        return NotFound(str(exc))  # no queue can be named so: an unknown resource
+    if isinstance(exc, InvalidJobId):
+        return DRFValidationError({"id": [str(exc)]})
+    if isinstance(exc, JobQValidationError):
+        return DRFValidationError({"non_field_errors": [str(exc)]})
+    if isinstance(exc, QueueBusy):
+        return Conflict(str(exc), "active")
+    if isinstance(exc, STORAGE_ERRORS) or (
+        isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
+    ):
+        logger.warning("storage unreachable: %s", exc)
+        return StorageUnavailable()
+    return exc
+
+
+def check_body_size(request: Any) -> None:
+    """Refuse a body too big to parse before reading it. DRF parses JSON from the stream, where
+    Django's DATA_UPLOAD_MAX_MEMORY_SIZE is not applied, so the same bound is applied here
+    (raised to fit one payload of MAX_PAYLOAD_BYTES, for queues configured above it)."""
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None or not declared.isdigit():
+        return
+    limit = max(limit, jobq_settings()["MAX_PAYLOAD_BYTES"] + 65536)
+    if int(declared) > limit:
+        raise PayloadTooLargeError(
+            f"request body is {declared} bytes, over the limit of {limit} bytes"
+            " (DATA_UPLOAD_MAX_MEMORY_SIZE)"
+        )
+
+
+class JobQView(APIView):
+    """Base of the API's views. ``jobq_action`` names the scope a request needs."""
+
+    jobq_action: str = "read"
+    # The project's own authentication classes still apply; an API key is one more way in.
+    authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    permission_classes = [JobQPermission]
+    throttle_classes = [JobQRateThrottle]
+    # Our own, whatever DEFAULT_SCHEMA_CLASS the project has: the schema stays complete.
+    schema = AutoSchema()
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        check_body_size(request)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(translate(exc))
+        if response is not None and response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
+            response["Retry-After"] = "5"
+        return response

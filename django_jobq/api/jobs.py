@@ -1,0 +1,197 @@
+"""Job endpoints of one queue: enqueue (single and bulk), status, result (long-poll), cancel."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult, RetryOutcome
+from ..queue import Queue, get_queue
+from ..states import TERMINAL_STATES
+from .base import Conflict, JobQView
+from .idempotency import HEADER, idempotent
+from .serializers import (
+    ActionResultSerializer,
+    BulkEnqueueSerializer,
+    BulkResultSerializer,
+    ConflictSerializer,
+    EnqueueResultSerializer,
+    EnqueueSerializer,
+    JobResultSerializer,
+    JobStatusSerializer,
+    enqueue_spec,
+)
+from .waiting import MAX_WAIT, wait_for_result
+
+IDEMPOTENCY = OpenApiParameter(
+    HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
+    description="The first answer to this key and body is replayed for 24 h; another body: 422.",
+)  # fmt: skip
+ERRORS = {
+    400: OpenApiResponse(description="invalid field(s)"),
+    401: OpenApiResponse(description="not authenticated"),
+    403: OpenApiResponse(description="not allowed for this credential"),
+    503: OpenApiResponse(description="storage unreachable"),
+}
+
+
+def enqueue_body(queue: Queue, result: EnqueueResult) -> dict[str, Any]:
+    return {
+        "id": result.job_id, "queue": queue.name, "outcome": result.outcome.value,
+        "state": result.state.value, "result": result.result, "error": result.error,
+    }  # fmt: skip
+
+
+class EnqueueView(JobQView):
+    jobq_action = "enqueue"
+
+    @extend_schema(
+        operation_id="enqueue",
+        request=EnqueueSerializer,
+        parameters=[IDEMPOTENCY],
+        responses={
+            201: EnqueueResultSerializer,
+            200: OpenApiResponse(EnqueueResultSerializer, "duplicate, completed or updated"),
+            413: OpenApiResponse(description="payload over the queue's limit"),
+            422: OpenApiResponse(description="Idempotency-Key reused with another body"),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request, queue: str) -> Response:
+        q = get_queue(queue)
+
+        def run() -> Response:
+            data = EnqueueSerializer(data=request.data, context={"queue": q})
+            data.is_valid(raise_exception=True)
+            spec = enqueue_spec(data.validated_data)
+            result = q.enqueue(spec.pop("id", None), spec.pop("payload", None), **spec)
+            created = result.outcome is EnqueueOutcome.QUEUED
+            return Response(enqueue_body(q, result), status=201 if created else status.HTTP_200_OK)
+
+        return idempotent(request, run)
+
+
+class BulkEnqueueView(JobQView):
+    jobq_action = "enqueue"
+
+    @extend_schema(
+        operation_id="enqueue_bulk",
+        request=BulkEnqueueSerializer,
+        parameters=[IDEMPOTENCY],
+        responses={200: BulkResultSerializer, 413: OpenApiResponse(), 422: OpenApiResponse(),
+                   **ERRORS},
+    )  # fmt: skip
+    def post(self, request: Request, queue: str) -> Response:
+        """Up to 1000 jobs; every item is validated before any is stored (all or nothing)."""
+        q = get_queue(queue)
+
+        def run() -> Response:
+            data = BulkEnqueueSerializer(data=request.data, context={"queue": q})
+            data.is_valid(raise_exception=True)
+            items = []
+            for item in data.validated_data["jobs"]:
+                spec = enqueue_spec(item)
+                spec["id"] = spec.get("id")
+                items.append(spec)
+            results = q.enqueue_many(items)
+            return Response({"results": [enqueue_body(q, r) for r in results]})
+
+        return idempotent(request, run)
+
+
+class JobStatusView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(operation_id="job_status", responses={200: JobStatusSerializer, 404: None,
+                                                         **ERRORS})  # fmt: skip
+    def get(self, request: Request, queue: str, job_id: str) -> Response:
+        job = get_queue(queue).get_status(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        return Response(JobStatusSerializer(job).data)
+
+
+class WaitSerializer(serializers.Serializer):
+    wait = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT)
+
+    def validate_wait(self, value: float) -> float:
+        if not math.isfinite(value):  # NaN passes the range checks
+            raise serializers.ValidationError("must be a number of seconds")
+        return value
+
+
+class JobResultView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(
+        operation_id="job_result",
+        parameters=[WaitSerializer],
+        responses={200: JobResultSerializer, 404: None, **ERRORS},
+    )
+    def get(self, request: Request, queue: str, job_id: str) -> Response:
+        """The value (completed) or error (failed). ``?wait=<seconds>`` (at most 30) holds the
+        request until the job is final; ``ready`` says whether it is."""
+        params = WaitSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q = get_queue(queue)
+        result = wait_for_result(q, job_id, params.validated_data["wait"])
+        if result is None:
+            raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        body = {
+            "id": job_id, "queue": queue, "state": result.state.value,
+            "ready": result.state in TERMINAL_STATES, "value": result.value,
+            "error": result.error,
+        }  # fmt: skip
+        return Response(body)
+
+
+class CancelView(JobQView):
+    jobq_action = "manage"
+
+    @extend_schema(
+        operation_id="job_cancel",
+        request=None,
+        responses={200: ActionResultSerializer, 404: None, 409: ConflictSerializer, **ERRORS},
+    )
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Cancel a waiting job; 409 with its state when it is running or finished."""
+        q = get_queue(queue)
+        outcome = q.cancel(job_id)
+        if outcome is CancelOutcome.NOT_FOUND:
+            raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        if outcome is not CancelOutcome.CANCELLED:
+            raise Conflict(f"job {job_id!r} is {outcome.value}: only a waiting job can be "
+                           "cancelled", outcome.value)  # fmt: skip
+        return Response({"id": job_id, "queue": queue, "outcome": "cancelled",
+                         "state": "cancelled"})  # fmt: skip
+
+
+class RetryView(JobQView):
+    jobq_action = "manage"
+
+    @extend_schema(
+        operation_id="job_retry",
+        request=None,
+        responses={200: ActionResultSerializer, 404: None, 409: ConflictSerializer, **ERRORS},
+    )
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Run a failed or cancelled job again from attempt 1; 409 with its state otherwise."""
+        q = get_queue(queue)
+        outcome = q.retry(job_id)
+        if outcome is RetryOutcome.NOT_FOUND:
+            raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        if outcome is not RetryOutcome.RETRIED:
+            current = q.get_status(job_id)
+            state = current.state.value if current is not None else outcome.value
+            raise Conflict(f"job {job_id!r} is {state}: only a failed or cancelled job can be "
+                           "retried", state)  # fmt: skip
+        current = q.get_status(job_id)
+        state = current.state.value if current is not None else "queued"
+        return Response({"id": job_id, "queue": queue, "outcome": "retried", "state": state})

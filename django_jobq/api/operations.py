@@ -1,0 +1,174 @@
+"""Workers, schedules and ``/health``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db.models import Min
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..conf import get_storage, jobq_settings
+from ..job import ms_to_datetime
+from ..models import Job, JobEvent, Schedule
+from ..queue import get_queue
+from ..schedules import fire_now
+from ..states import JobState
+from ..storage.base import Storage, WorkerRecord
+from .base import STORAGE_ERRORS, JobQView
+from .jobs import ERRORS, enqueue_body
+from .listing import rows_alias
+from .permissions import allowed_queues, may_see_queue
+from .queues import known_queues
+from .serializers import (
+    EnqueueResultSerializer,
+    HealthSerializer,
+    ScheduleSerializer,
+    WorkerSerializer,
+)
+
+
+def worker_body(rec: WorkerRecord) -> dict[str, Any]:
+    info = rec.info
+    return {
+        "id": rec.worker_id, "host": info.get("host", ""), "pid": info.get("pid"),
+        "queues": list(info.get("queues", [])), "concurrency": info.get("concurrency", 0),
+        "in_flight": info.get("in_flight", 0), "started_at": ms_to_datetime(info.get("started")),
+        "last_seen": ms_to_datetime(rec.last_seen), "completed": info.get("completed", 0),
+        "failed": info.get("failed", 0),
+    }  # fmt: skip
+
+
+class WorkerListView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(operation_id="worker_list", responses={200: WorkerSerializer(many=True),
+                                                          **ERRORS})  # fmt: skip
+    def get(self, request: Request) -> Response:
+        """Live workers; a key scoped to some queues sees the workers serving one of them."""
+        allowed = allowed_queues(request)
+        records = [
+            r for r in get_storage().list_workers()
+            if allowed is None or allowed & set(r.info.get("queues", []))
+        ]  # fmt: skip
+        return Response(WorkerSerializer([worker_body(r) for r in records], many=True).data)
+
+
+class ScheduleListView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(operation_id="schedule_list", responses={200: ScheduleSerializer(many=True),
+                                                            **ERRORS})  # fmt: skip
+    def get(self, request: Request) -> Response:
+        schedules = Schedule.objects.using(rows_alias()).order_by("name")
+        allowed = allowed_queues(request)
+        if allowed is not None:
+            schedules = schedules.filter(queue__in=sorted(allowed))
+        return Response(ScheduleSerializer(schedules, many=True).data)
+
+
+class ScheduleRunView(JobQView):
+    jobq_action = "manage"
+
+    @extend_schema(operation_id="schedule_run", request=None,
+                   responses={200: EnqueueResultSerializer, 404: None, **ERRORS})  # fmt: skip
+    def post(self, request: Request, name: str) -> Response:
+        """Enqueue one extra run of a schedule now (``schedule.<name>.manual-<ms>``); its
+        regular ticks are not affected. The credential needs ``manage`` on its queue."""
+        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
+        # A key scoped to other queues is told nothing, as its schedule list shows nothing.
+        if schedule is None or not may_see_queue(request, schedule.queue):
+            raise NotFound(f"no schedule {name!r}")
+        result = fire_now(schedule, storage=get_storage())
+        return Response(enqueue_body(get_queue(schedule.queue), result))
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def oldest_waiting(alias: str) -> dict[str, float]:
+    """Seconds the longest-waiting runnable job of each queue has waited (since it was due)."""
+    now = timezone.now()
+    rows = (
+        Job.objects.using(alias).filter(state=JobState.QUEUED).values("queue")
+        .annotate(since=Min(Coalesce("run_at", "created_at")))
+    )  # fmt: skip
+    return {r["queue"]: round(max(0.0, (now - r["since"]).total_seconds()), 3) for r in rows}
+
+
+def mirror_lag(storage: Storage, queues: list[str], alias: str) -> float | None:
+    """Age of the oldest event the mirror has not written yet, over all queues (Redis only):
+    the next stream event after the newest mirrored one. 0 when it is up to date."""
+    if not hasattr(storage, "read_group") or not jobq_settings()["MIRROR"]["ENABLED"]:
+        return None
+    now, lag = time.time() * 1000, 0.0
+    for name in queues:
+        last = (
+            JobEvent.objects.using(alias).filter(queue=name).exclude(stream_id="")
+            .order_by("-id").values_list("stream_id", flat=True).first()
+        )  # fmt: skip
+        pending = storage.read_events(name, after=last or "0", count=1)
+        if pending:
+            lag = max(lag, (now - pending[0].at) / 1000)
+    return round(lag, 3)
+
+
+def redis_memory(storage: Storage) -> dict[str, Any] | None:
+    client = getattr(storage, "client", None)
+    if client is None or not hasattr(storage, "read_group"):
+        return None
+    info = client.info("memory")
+    return {k: info.get(k) for k in ("used_memory", "used_memory_peak", "maxmemory",
+                                     "maxmemory_policy")}  # fmt: skip
+
+
+def health_report() -> tuple[dict[str, Any], bool]:
+    storage = get_storage()
+    conf = jobq_settings()
+    report: dict[str, Any] = {
+        "status": "ok", "backend": conf["BACKEND"], "storage_reachable": True, "workers": None,
+        "queues": [], "mirror_lag_seconds": None, "memory": None,
+    }  # fmt: skip
+    try:
+        queues = known_queues()
+        report["workers"] = len(storage.list_workers())
+        alias = rows_alias()
+        ages = oldest_waiting(alias)
+        for name in queues:
+            q = get_queue(name)
+            counts = q.counts()
+            report["queues"].append({
+                "name": name, "paused": q.is_paused(),
+                "waiting": counts.get(JobState.QUEUED, 0),
+                "oldest_waiting_seconds": ages.get(name),
+            })  # fmt: skip
+        report["mirror_lag_seconds"] = mirror_lag(storage, queues, alias)
+        report["memory"] = redis_memory(storage)
+    except STORAGE_ERRORS:
+        report.update(status="unavailable", storage_reachable=False)
+        return report, False
+    return report, True
+
+
+class HealthView(APIView):
+    """No authentication: load balancers and monitors call it. It names queues and counts,
+    never a job, a payload or a result."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+    schema = AutoSchema()
+
+    @extend_schema(operation_id="health", responses={200: HealthSerializer,
+                                                     503: HealthSerializer})  # fmt: skip
+    def get(self, request: Request) -> Response:
+        report, ok = health_report()
+        return Response(HealthSerializer(report).data, status=200 if ok else 503)

@@ -1,0 +1,111 @@
+"""Queue endpoints: list with counts and stats, one queue, pause and resume."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ..conf import get_storage, jobq_settings
+from ..models import Job
+from ..queue import Queue, get_queue
+from ..registry import registry
+from ..states import JobState
+from .base import JobQView
+from .jobs import ERRORS
+from .listing import rows_alias
+from .permissions import allowed_queues
+from .serializers import PausedSerializer, QueueSerializer
+
+STATS_WINDOW = dt.timedelta(hours=1)
+
+
+def known_queues() -> list[str]:
+    """Queues the storage has seen, plus those with a handler or settings (maybe still empty)."""
+    names = set(get_storage().list_queues()) | set(registry.queues())
+    return sorted(names | set(jobq_settings()["QUEUES"]))
+
+
+def visible_queues(request: Request) -> list[str]:
+    allowed = allowed_queues(request)
+    return [name for name in known_queues() if allowed is None or name in allowed]
+
+
+def _seconds(value: dt.timedelta | None) -> float | None:
+    return None if value is None else round(value.total_seconds(), 3)
+
+
+def queue_stats(name: str) -> dict[str, float | None]:
+    """The last hour of finished jobs, from the rows (one aggregate query)."""
+    since = timezone.now() - STATS_WINDOW
+    finished = Q(finished_at__gte=since)
+    agg = Job.objects.using(rows_alias()).filter(queue=name).aggregate(
+        completed=Count("id", filter=finished & Q(state=JobState.COMPLETED)),
+        failed=Count("id", filter=finished & Q(state=JobState.FAILED)),
+        wait=Avg(ExpressionWrapper(F("started_at") - F("created_at"), DurationField()),
+                 filter=finished & Q(started_at__isnull=False)),
+        run=Avg(ExpressionWrapper(F("finished_at") - F("started_at"), DurationField()),
+                filter=finished & Q(started_at__isnull=False)),
+    )  # fmt: skip
+    return {
+        "completed_last_hour": agg["completed"],
+        "failed_last_hour": agg["failed"],
+        "mean_wait_seconds": _seconds(agg["wait"]),
+        "mean_run_seconds": _seconds(agg["run"]),
+    }
+
+
+def describe_queue(q: Queue) -> dict[str, Any]:
+    limits = q.get_limits()
+    return {
+        "name": q.name,
+        "paused": q.is_paused(),
+        "counts": {state.value: n for state, n in q.counts().items()},
+        "limits": {name: getattr(limits, name) for name in limits.__dataclass_fields__},
+        "stats": queue_stats(q.name),
+    }
+
+
+class QueueListView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(operation_id="queue_list", responses={200: QueueSerializer(many=True),
+                                                         **ERRORS})  # fmt: skip
+    def get(self, request: Request) -> Response:
+        return Response([describe_queue(get_queue(name)) for name in visible_queues(request)])
+
+
+class QueueDetailView(JobQView):
+    jobq_action = "read"
+
+    @extend_schema(operation_id="queue_detail", responses={200: QueueSerializer, 404: None,
+                                                           **ERRORS})  # fmt: skip
+    def get(self, request: Request, queue: str) -> Response:
+        if queue not in known_queues():
+            raise NotFound(f"no queue {queue!r}")
+        return Response(describe_queue(get_queue(queue)))
+
+
+class PauseView(JobQView):
+    jobq_action = "manage"
+    pause = True
+
+    @extend_schema(request=None, responses={200: PausedSerializer, **ERRORS})
+    def post(self, request: Request, queue: str) -> Response:
+        """Pause: workers stop taking jobs (enqueues still accepted). Resume undoes it."""
+        q = get_queue(queue)
+        if self.pause:
+            q.pause()
+        else:
+            q.resume()
+        return Response({"name": queue, "paused": q.is_paused()})
+
+
+class ResumeView(PauseView):
+    pause = False

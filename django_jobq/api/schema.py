@@ -1,0 +1,68 @@
+"""The OpenAPI 3 document of this API (drf-spectacular), served at ``schema/`` and committed
+as ``docs/openapi.yaml``. Paths are relative to where the URLconf is included.
+
+Regenerate the committed file after changing the API (tests/api/test_schema.py compares)::
+
+    DJANGO_SETTINGS_MODULE=tests.settings python manage.py spectacular \\
+        --urlconf django_jobq.api.urls --custom-settings django_jobq.api.schema.SETTINGS \\
+        --file docs/openapi.yaml
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import IsAuthenticated
+
+from .base import JobQView
+
+SETTINGS = {
+    "TITLE": "django-jobq API",
+    "DESCRIPTION": (
+        "Enqueue, inspect, wait for and manage django-jobq jobs over HTTP. Paths are relative "
+        "to where `django_jobq.api.urls` is included (e.g. `/jobq/`). See docs/api.md."
+    ),
+    "VERSION": "0.1.0",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "django_jobq.states.JobState"},
+}
+URLCONF = "django_jobq.api.urls"
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    target_class = "django_jobq.api.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "apiKey", "in": "header", "name": "Authorization",
+            "description": "`Api-Key jobq_<prefix>_<secret>` (manage.py jobq_apikey create)",
+        }  # fmt: skip
+
+
+def generate() -> dict[str, Any]:
+    """The schema as a dict, exactly as the schema view serves it."""
+    from drf_spectacular.settings import patched_settings
+
+    with patched_settings(SETTINGS):
+        return SchemaGenerator(urlconf=URLCONF).get_schema(request=None, public=True)
+
+
+def render_yaml() -> bytes:
+    """The YAML text of docs/openapi.yaml (the file a test keeps in step with the code)."""
+    from drf_spectacular.renderers import OpenApiYamlRenderer
+
+    return OpenApiYamlRenderer().render(generate(), renderer_context={})
+
+
+class SchemaView(SpectacularAPIView):
+    """Authenticated like every endpoint but health: any valid credential may read it."""
+
+    authentication_classes = JobQView.authentication_classes
+    permission_classes = [IsAuthenticated]
+    custom_settings = SETTINGS
+    urlconf = URLCONF
+    schema = None  # the schema does not describe itself

@@ -1,0 +1,227 @@
+"""Request and response shapes. Requests are checked field by field here, then once more by
+the Queue API itself (``Queue.build``), whose refusals are mapped back onto the field named."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rest_framework import serializers
+
+from ..errors import InvalidJobId, PayloadTooLarge
+from ..errors import ValidationError as JobQValidationError
+from ..job import DedupMode
+from ..models import Job
+from ..queue import Queue
+from ..states import JobState
+from ..validation import MAX_DURATION_MS, PRIORITY_RANGE
+
+MS = {"min_value": 0, "max_value": MAX_DURATION_MS}
+COUNT = {"min_value": 1, "max_value": 1_000_000}
+RUN_AT_UPDATES = {"no": False, "yes": True, "if_later": "if_later", "if_earlier": "if_earlier"}
+MAX_BULK = 1000
+
+
+class EnqueueSerializer(serializers.Serializer):
+    """One job to enqueue. Every field but ``payload`` is optional (see docs/scheduling.md)."""
+
+    id = serializers.CharField(
+        required=False, max_length=128, help_text="Job id (dedup key); generated when omitted."
+    )
+    payload = serializers.JSONField(required=False, allow_null=True, default=None)
+    max_attempts = serializers.IntegerField(required=False, **COUNT)
+    result_ttl = serializers.IntegerField(required=False, min_value=1, max_value=MAX_DURATION_MS)
+    min_backoff = serializers.IntegerField(required=False, **MS)
+    max_backoff = serializers.IntegerField(required=False, **MS)
+    max_stalls = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
+    priority = serializers.IntegerField(
+        required=False, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1]
+    )
+    delay = serializers.IntegerField(required=False, help_text="ms from now", **MS)
+    run_at = serializers.DateTimeField(required=False)
+    lifo = serializers.BooleanField(required=False)
+    group = serializers.CharField(required=False, max_length=128)
+    singleton = serializers.BooleanField(required=False)
+    dedup_key = serializers.CharField(required=False, max_length=128)
+    dedup_mode = serializers.ChoiceField(required=False, choices=[m.value for m in DedupMode])
+    dedup_ttl = serializers.IntegerField(required=False, min_value=1, max_value=MAX_DURATION_MS)
+    update_data = serializers.BooleanField(required=False)
+    update_run_at = serializers.ChoiceField(required=False, choices=list(RUN_AT_UPDATES))
+    update_max_attempts = serializers.BooleanField(required=False)
+    update_backoff = serializers.BooleanField(required=False)
+    reset_counts = serializers.BooleanField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        spec = enqueue_spec(attrs)
+        queue: Queue = self.context["queue"]
+        try:
+            queue.build(spec.pop("id", None), spec.pop("payload", None), **spec)
+        except PayloadTooLarge:
+            raise  # 413, not a field error: the view answers it
+        except InvalidJobId as exc:
+            raise serializers.ValidationError({"id": [str(exc)]}) from None
+        except JobQValidationError as exc:
+            raise serializers.ValidationError({_field_of(str(exc), attrs): [str(exc)]}) from None
+        return attrs
+
+
+def enqueue_spec(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Validated fields as ``Queue.enqueue`` keywords (plus ``id`` and ``payload``)."""
+    spec = dict(attrs)
+    if "update_run_at" in spec:
+        spec["update_run_at"] = RUN_AT_UPDATES[spec["update_run_at"]]
+    return spec
+
+
+def _field_of(message: str, attrs: dict[str, Any]) -> str:
+    """The request field a core error is about: the first field it names that the request
+    sent (else the first it names at all)."""
+    fields = EnqueueSerializer().fields
+    named = [w for w in re.findall(r"[a-z_]+", message) if w in fields]
+    sent = [w for w in named if w in attrs]
+    return (sent or named or ["non_field_errors"])[0]
+
+
+class BulkEnqueueSerializer(serializers.Serializer):
+    jobs = EnqueueSerializer(many=True, allow_empty=False, max_length=MAX_BULK)
+
+
+class EnqueueResultSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=["queued", "duplicate", "completed", "updated"])
+    state = serializers.ChoiceField(choices=JobState.choices)
+    result = serializers.JSONField(allow_null=True, help_text="cached result (completed)")
+    error = serializers.JSONField(allow_null=True)
+
+
+class BulkResultSerializer(serializers.Serializer):
+    results = EnqueueResultSerializer(many=True)
+
+
+class JobStatusSerializer(serializers.Serializer):
+    id = serializers.CharField(source="job_id")
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=JobState.choices)
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    stalls = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    run_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    worker = serializers.CharField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+    lifo = serializers.BooleanField()
+    group = serializers.CharField(allow_null=True)
+    dedup_key = serializers.CharField(allow_null=True)
+    has_successor = serializers.BooleanField()
+
+
+class JobResultSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=JobState.choices)
+    ready = serializers.BooleanField(
+        help_text="true once the job is completed, failed or cancelled"
+    )
+    value = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+
+
+class ActionResultSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    outcome = serializers.CharField()
+    state = serializers.ChoiceField(choices=JobState.choices)
+
+
+class ConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    state = serializers.CharField()
+
+
+class JobRowSerializer(serializers.ModelSerializer):
+    """A job in a list: the mirrored row (Redis) or the row itself (database backend)."""
+
+    id = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "queue", "handler", "state", "attempts", "max_attempts", "priority",
+            "created_at", "run_at", "started_at", "finished_at", "worker", "error",
+        ]  # fmt: skip
+
+    def get_id(self, obj: Job) -> str:
+        # The database backend parks singleton runs under "<id>~next" / "<id>~<pk>".
+        return obj.job_id.partition("~")[0]
+
+
+class JobPageSerializer(serializers.Serializer):
+    results = JobRowSerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="URL of the next (older) page")
+
+
+class QueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    paused = serializers.BooleanField()
+    counts = serializers.DictField(child=serializers.IntegerField())
+    limits = serializers.DictField(child=serializers.IntegerField(allow_null=True))
+    stats = serializers.DictField(
+        child=serializers.FloatField(allow_null=True),
+        help_text="last hour, from the job rows: completed, failed, mean wait and run seconds",
+    )
+
+
+class PausedSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    paused = serializers.BooleanField()
+
+
+class WorkerSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    host = serializers.CharField(allow_blank=True)
+    pid = serializers.IntegerField(allow_null=True)
+    queues = serializers.ListField(child=serializers.CharField())
+    concurrency = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    last_seen = serializers.DateTimeField(allow_null=True)
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class ScheduleSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    queue = serializers.CharField()
+    cron = serializers.CharField(allow_blank=True)
+    interval = serializers.IntegerField(allow_null=True)
+    timezone = serializers.CharField()
+    enabled = serializers.BooleanField()
+    missed = serializers.CharField()
+    payload = serializers.JSONField()
+    job_options = serializers.JSONField()
+    next_run_at = serializers.DateTimeField(allow_null=True)
+    last_run_at = serializers.DateTimeField(allow_null=True)
+    last_job_id = serializers.CharField(allow_blank=True)
+
+
+class HealthQueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    paused = serializers.BooleanField()
+    waiting = serializers.IntegerField()
+    oldest_waiting_seconds = serializers.FloatField(allow_null=True)
+
+
+class HealthSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok", "unavailable"])
+    backend = serializers.CharField()
+    storage_reachable = serializers.BooleanField()
+    workers = serializers.IntegerField(allow_null=True)
+    queues = HealthQueueSerializer(many=True)
+    mirror_lag_seconds = serializers.FloatField(
+        allow_null=True, help_text="age of the oldest event not yet mirrored (Redis only)"
+    )
+    memory = serializers.DictField(allow_null=True, help_text="Redis memory use (Redis only)")

@@ -1,0 +1,39 @@
+"""``path("jobq/", include("django_jobq.api.urls"))``."""
+
+from __future__ import annotations
+
+from django.urls import path, register_converter
+
+from . import require_drf
+
+require_drf()
+
+from . import dead, jobs, listing, operations, queues, schema  # noqa: E402 - after the extra check
+from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
+
+register_converter(QueueNameConverter, "jobq_queue")
+register_converter(JobIdConverter, "jobq_job")
+
+app_name = "jobq-api"
+Q = "queues/<jobq_queue:queue>/"
+J = Q + "jobs/<jobq_job:job_id>/"
+
+urlpatterns = [
+    path("health", operations.HealthView.as_view(), name="health"),
+    path("jobs/", listing.JobListView.as_view(), name="job-list"),
+    path("queues/", queues.QueueListView.as_view(), name="queue-list"),
+    path(Q, queues.QueueDetailView.as_view(), name="queue-detail"),
+    path(Q + "pause/", queues.PauseView.as_view(), name="queue-pause"),
+    path(Q + "resume/", queues.ResumeView.as_view(), name="queue-resume"),
+    path(Q + "jobs/", jobs.EnqueueView.as_view(), name="enqueue"),
+    path(Q + "bulk/", jobs.BulkEnqueueView.as_view(), name="enqueue-bulk"),
+    path(J, jobs.JobStatusView.as_view(), name="job-status"),
+    path(J + "result/", jobs.JobResultView.as_view(), name="job-result"),
+    path(J + "cancel/", jobs.CancelView.as_view(), name="job-cancel"),
+    path(J + "retry/", jobs.RetryView.as_view(), name="job-retry"),
+    path(Q + "dead/", dead.DeadLetterListView.as_view(), name="dead-letters"),
+    path("workers/", operations.WorkerListView.as_view(), name="worker-list"),
+    path("schedules/", operations.ScheduleListView.as_view(), name="schedule-list"),
+    path("schedules/<str:name>/run/", operations.ScheduleRunView.as_view(), name="schedule-run"),
+    path("schema/", schema.SchemaView.as_view(), name="schema"),
+]

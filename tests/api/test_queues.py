@@ -1,0 +1,87 @@
+"""Queues with counts and stats, pause/resume, workers, schedules."""
+
+from __future__ import annotations
+
+import time
+
+from django_jobq.models import Schedule
+from django_jobq.queue import get_queue
+
+
+def test_queue_list_has_counts_paused_limits_and_stats(api, worker, mirror_now):
+    get_queue("tests-echo").enqueue("q1")
+    worker("tests-echo")
+    get_queue("tests-echo").enqueue_and_wait("q2", 1, timeout=10)
+    get_queue("tests-echo").enqueue("later", delay=60_000)
+    mirror_now()
+    queues = {q["name"]: q for q in api.get("/jobq/queues/").json()}
+    echo = queues["tests-echo"]
+    assert echo["paused"] is False
+    assert echo["counts"]["scheduled"] == 1
+    assert echo["counts"]["completed"] >= 1
+    assert echo["limits"]["concurrency"] is None
+    assert echo["stats"]["completed_last_hour"] >= 1
+    assert echo["stats"]["mean_run_seconds"] >= 0
+
+
+def test_queue_detail_and_unknown_queue(api):
+    get_queue("api-a").enqueue("x")
+    body = api.get("/jobq/queues/api-a/").json()
+    assert (body["name"], body["counts"]["queued"]) == ("api-a", 1)
+    assert api.get("/jobq/queues/never-seen/").status_code == 404
+
+
+def test_pause_and_resume(api):
+    get_queue("api-a").enqueue("x")
+    response = api.post("/jobq/queues/api-a/pause/")
+    assert response.json() == {"name": "api-a", "paused": True}
+    assert get_queue("api-a").is_paused()
+    assert api.get("/jobq/queues/api-a/").json()["paused"] is True
+    assert api.post("/jobq/queues/api-a/resume/").json()["paused"] is False
+    assert not get_queue("api-a").is_paused()
+
+
+def test_workers_lists_live_workers(api, worker):
+    w = worker("tests-echo")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        workers = api.get("/jobq/workers/").json()
+        if workers:
+            break
+        time.sleep(0.05)
+    assert [x["id"] for x in workers] == [w.worker_id]
+    assert workers[0]["queues"] == ["tests-echo"]
+
+
+def test_workers_of_other_queues_are_hidden_from_a_scoped_key(api_backend, worker, client_for):
+    worker("tests-echo")
+    time.sleep(0.3)
+    assert client_for(queues=["api-a"]).get("/jobq/workers/").json() == []
+
+
+def test_schedules_are_listed_by_scope(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    Schedule.objects.create(name="often", queue="api-b", interval=60)
+    everything = client_for().get("/jobq/schedules/").json()
+    assert [s["name"] for s in everything] == ["nightly", "often"]
+    assert everything[0]["next_run_at"] is not None
+    scoped = client_for(queues=["api-b"]).get("/jobq/schedules/").json()
+    assert [s["name"] for s in scoped] == ["often"]
+
+
+def test_schedule_run_now_enqueues_one_extra_run(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    response = client_for().post("/jobq/schedules/nightly/run/")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["queue"], body["outcome"]) == ("api-a", "queued")
+    assert body["id"].startswith("schedule.nightly.manual-")
+    assert get_queue("api-a").get_status(body["id"]).state == "queued"
+
+
+def test_schedule_run_needs_manage_and_the_queue(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    assert client_for(actions=["read"]).post("/jobq/schedules/nightly/run/").status_code == 403
+    assert client_for(queues=["api-b"]).post("/jobq/schedules/nightly/run/").status_code == 404
+    assert client_for().post("/jobq/schedules/nope/run/").status_code == 404
+    assert get_queue("api-a").counts()["queued"] == 0
