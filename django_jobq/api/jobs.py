@@ -30,6 +30,11 @@ from .serializers import (
 )
 from .waiting import MAX_WAIT, wait_for_result
 
+FORCE = OpenApiParameter(
+    "force", OpenApiTypes.BOOL, OpenApiParameter.QUERY,
+    description="for a running job: also kill it (process pool: its child; async pool: its "
+    "task); the thread pool can only set the job's cancel flag",
+)  # fmt: skip
 IDEMPOTENCY = OpenApiParameter(
     HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
     description="The first answer to this key and body is replayed for 24 h; another body: 422.",
@@ -158,17 +163,32 @@ class CancelView(JobQView):
     @extend_schema(
         operation_id="job_cancel",
         request=None,
-        responses={200: ActionResultSerializer, 404: None, 409: ConflictSerializer, **ERRORS},
+        parameters=[FORCE],
+        responses={
+            200: ActionResultSerializer,
+            202: ActionResultSerializer,
+            404: None,
+            409: ConflictSerializer,
+            **ERRORS,
+        },  # fmt: skip
     )
     def post(self, request: Request, queue: str, job_id: str) -> Response:
-        """Cancel a waiting job; 409 with its state when it is running or finished."""
+        """Cancel a job. Waiting: 200, cancelled. Running: 202, its worker was asked to stop
+        it (``?force=true``: and to kill it where its pool can); it ends ``cancelled``.
+        Finished: 409 with its state."""
+        force = request.query_params.get("force", "false").lower()
+        if force not in ("true", "false", "1", "0"):
+            raise serializers.ValidationError({"force": "must be true or false"})
         q = get_queue(queue)
-        outcome = q.cancel(job_id)
+        outcome = q.cancel(job_id, force=force in ("true", "1"))
         if outcome is CancelOutcome.NOT_FOUND:
             raise NotFound(f"no job {job_id!r} in queue {queue!r} (unknown or expired)")
+        if outcome is CancelOutcome.REQUESTED:
+            return Response({"id": job_id, "queue": queue, "outcome": "requested",
+                             "state": "active"}, status=status.HTTP_202_ACCEPTED)  # fmt: skip
         if outcome is not CancelOutcome.CANCELLED:
-            raise Conflict(f"job {job_id!r} is {outcome.value}: only a waiting job can be "
-                           "cancelled", outcome.value)  # fmt: skip
+            raise Conflict(f"job {job_id!r} is {outcome.value}: only a waiting or running job "
+                           "can be cancelled", outcome.value)  # fmt: skip
         return Response({"id": job_id, "queue": queue, "outcome": "cancelled",
                          "state": "cancelled"})  # fmt: skip
 

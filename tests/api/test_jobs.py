@@ -9,6 +9,8 @@ import pytest
 from django_jobq.api import waiting
 from django_jobq.queue import get_queue
 
+from ..helpers import wait_until
+
 URL = "/jobq/queues/tests-echo/"
 
 
@@ -177,6 +179,19 @@ def test_cancel_completed_job_is_409_with_its_state(api, worker):
     response = api.post(URL + "jobs/c2/cancel/")
     assert response.status_code == 409
     assert response.json()["state"] == "completed"
+
+
+def test_cancel_of_a_running_job_is_accepted_and_the_job_ends_cancelled(api, worker):
+    worker("tests-slow")
+    q = get_queue("tests-slow")
+    q.enqueue("running", {"seconds": 2})
+    assert wait_until(lambda: q.get_status("running").state == "active", 10)
+    assert api.post("/jobq/queues/tests-slow/jobs/running/cancel/?force=maybe").status_code == 400
+    response = api.post("/jobq/queues/tests-slow/jobs/running/cancel/?force=true")
+    assert response.status_code == 202
+    assert response.json()["outcome"] == "requested"
+    # The thread pool cannot kill: the handler sleeps on, then its attempt ends cancelled.
+    assert wait_until(lambda: q.get_status("running").state == "cancelled", 15)
 
 
 def test_cancel_unknown_job_is_404(api):
