@@ -103,6 +103,10 @@ class Job(models.Model):
             # retention and result expiry
             models.Index(fields=["finished_at"], name="jobq_job_finished"),
             models.Index(fields=["expires_at"], name="jobq_job_expires"),
+            # API job lists: keyset pages on (created_at, id), newest first, with and without
+            # a queue filter (measured: 278 ms for an unfiltered page of 300,000 rows without)
+            models.Index(fields=["queue", "-created_at", "-id"], name="jobq_job_q_created_id"),
+            models.Index(fields=["-created_at", "-id"], name="jobq_job_created_id"),
         ]
         ordering = ["-created_at"]
         # Admin actions that change what a job does next, granted apart from "change".
