@@ -16,9 +16,29 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"(missing: {exc.name})"
     ) from exc
 
-from .analytics import run_analytics
-from .enqueue import EnqueueCounts, enqueue_dataframe
-from .export import export_history
-from .session import get_spark
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from .analytics import run_analytics
+    from .enqueue import EnqueueCounts, enqueue_dataframe
+    from .export import export_history
+    from .session import get_spark
+
+# Loaded on first use: executors unpickle ``enqueue`` functions before Django is set up there,
+# and importing this package must not import the models at that point.
+_EXPORTS = {
+    "EnqueueCounts": "enqueue",
+    "enqueue_dataframe": "enqueue",
+    "export_history": "export",
+    "get_spark": "session",
+    "run_analytics": "analytics",
+}
 __all__ = ["EnqueueCounts", "enqueue_dataframe", "export_history", "get_spark", "run_analytics"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
