@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from django_jobq.spark import export_history
+from django_jobq.spark import export_history, submit
 
 from . import spark_history as history
 from .helpers import ROOT
-from .spark_cluster import Cluster
+from .spark_cluster import SPARK_HOME, Cluster
 from .test_spark_pipeline import DB, assert_metrics_match
 
 pytestmark = [
@@ -25,9 +25,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    running = Cluster(tmp_path)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    running = Cluster(tmp_path_factory.mktemp("spark-cluster"))
     try:
         running.start()
         yield running
@@ -36,25 +36,45 @@ def cluster(tmp_path):
         assert running.alive() == [], "cluster processes left behind"
 
 
-def test_analytics_on_a_standalone_cluster_match_plain_python(cluster, tmp_path):
-    jobs = history.generate(n_jobs=300)
-    history.store(jobs, DB)
-    export_history(tmp_path / "export", using=DB, settle=0)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(ROOT),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-    }
+ENV = {
+    **os.environ,
+    "DJANGO_SETTINGS_MODULE": "tests.settings",
+    "PYTHONPATH": str(ROOT),
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "PYSPARK_PYTHON": sys.executable,
+}
 
+
+@pytest.fixture
+def jobs(tmp_path):
+    generated = history.generate(n_jobs=300)
+    history.store(generated, DB)
+    export_history(tmp_path / "export", using=DB, settle=0)
+    return generated
+
+
+def test_analytics_on_a_standalone_cluster_match_plain_python(cluster, jobs, tmp_path):
     done = subprocess.run(
         [sys.executable, "manage.py", "jobq_analytics", "--master", cluster.url,
          "--input", str(tmp_path / "export"), "--database", DB, "--settings", "tests.settings"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
     assert f"on {cluster.url}" in done.stdout
     assert "Registering app jobq-analytics" in cluster.log("master")
+    assert_metrics_match(jobs)
+
+
+def test_spark_submit_runs_the_analytics_on_the_cluster_it_was_given(cluster, jobs, tmp_path):
+    done = subprocess.run(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url,
+         "--conf", "spark.sql.shuffle.partitions=3", submit.__file__,
+         "--input", str(tmp_path / "export"), "--database", DB],
+        cwd=ROOT, env={**ENV, "SPARK_HOME": str(SPARK_HOME)}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert f"on {cluster.url}" in done.stdout
     assert_metrics_match(jobs)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
@@ -30,6 +31,23 @@ def jdbc_jar() -> str | None:
     return path if Path(path).is_file() else None
 
 
+def _defaults(shuffle_partitions: int) -> dict[str, str]:
+    defaults = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+    }
+    settings_module = os.environ.get("DJANGO_SETTINGS_MODULE")
+    if settings_module:
+        defaults["spark.executorEnv.DJANGO_SETTINGS_MODULE"] = settings_module
+    jar = jdbc_jar()
+    if jar:
+        defaults["spark.jars"] = jar
+    return defaults
+
+
 def get_spark(
     master: str | None = None,
     *,
@@ -42,34 +60,30 @@ def get_spark(
     Starting one costs seconds and about a GiB of memory: call this from management commands
     and batch jobs, never inside a web request.
 
+    Under ``spark-submit`` (the driver then talks to the JVM spark-submit started), what its
+    command line and ``spark-defaults.conf`` set wins over the defaults here, master included.
+
     Args:
         master: ``local[*]``, ``local[2]``, ``spark://host:7077``…; default ``$SPARK_MASTER``
             or ``local[*]``.
         shuffle_partitions: ``spark.sql.shuffle.partitions``.
         conf: extra Spark settings, applied last.
     """
-    master = resolve_master(master)
-    if master.startswith("local"):
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = master or os.environ.get("SPARK_MASTER") or (None if submitted else DEFAULT_MASTER)
+    if master is not None and master.startswith("local"):
         # An embedded session talks to itself only: never bind the machine's public address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Executors must run the project's interpreter (Django, django_jobq and the settings module
     # are installed there); spark-submit reads the same variable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings_module = os.environ.get("DJANGO_SETTINGS_MODULE")
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
-    )
-    if settings_module:
-        builder = builder.config("spark.executorEnv.DJANGO_SETTINGS_MODULE", settings_module)
-    jar = jdbc_jar()
-    if jar:
-        builder = builder.config("spark.jars", jar)
+    given = SparkConf() if submitted else None  # reads what spark-submit was given
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in _defaults(shuffle_partitions).items():
+        if given is None or not given.contains(key):
+            builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
