@@ -82,7 +82,9 @@ def _counts_and_times(facts: DataFrame) -> DataFrame:
         *_quantiles("wait_ms", "wait"),
         *_quantiles("run_ms", "run"),
         F.coalesce(F.sum("busy_ms"), F.lit(0.0)).alias("busy"),
-        F.count_distinct("busy_worker").alias("workers"),
+        # A set per bucket (workers are few) instead of count_distinct, which would make Spark
+        # expand every row once per distinct aggregate.
+        F.size(F.collect_set("busy_worker")).alias("workers"),
     )
     finished = F.col("completed") + F.col("failed") + F.col("retried")
     seconds = F.col("seconds")
