@@ -1,5 +1,6 @@
-"""Settings of the Spark analytics benchmark (``python -m bench.spark_analytics``): a SQLite file
-of its own that receives the QueueMetric rows, created and migrated by the benchmark."""
+"""Settings of the Spark benchmarks: ``bench.spark_analytics`` writes QueueMetric rows into a
+SQLite file of its own; ``bench.spark_export`` reads a PostgreSQL database of its own
+(``JOBQ_BENCH_PG_DB``, created, filled and dropped by that benchmark)."""
 
 import os
 import tempfile
@@ -16,6 +17,14 @@ DATABASES = {
         ),
     }
 }
+if os.environ.get("JOBQ_BENCH_PG_DB"):
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["JOBQ_BENCH_PG_DB"],
+        "USER": os.environ.get("JOBQ_BENCH_PG_USER", "postgres"),
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 JOBQ = {"BACKEND": "database"}
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -22,6 +22,7 @@ SCHEMA = T.StructType(
         T.StructField("order_id", T.StringType()),
         T.StructField("amount", T.LongType()),
         T.StructField("tags", T.ArrayType(T.StringType())),
+        T.StructField("customer", T.StructType([T.StructField("name", T.StringType())])),
     ]
 )
 
@@ -32,8 +33,8 @@ def make_queue(redis_prefix):
 
 
 def rows_with_duplicates():
-    unique = [(f"order-{i}", i * 10, ["a", str(i)]) for i in range(200)]
-    repeats = [(f"order-{i}", -1, ["repeat"]) for i in range(50)]  # same ids, other payloads
+    unique = [(f"order-{i}", i * 10, ["a", str(i)], (f"c{i}",)) for i in range(200)]
+    repeats = [(f"order-{i}", -1, ["repeat"], None) for i in range(50)]  # same ids, other data
     return unique + repeats
 
 
@@ -43,7 +44,7 @@ def test_enqueue_dataframe_stores_each_id_once_and_counts_outcomes(spark, make_q
     df = spark.createDataFrame(rows_with_duplicates(), SCHEMA).repartition(4)
 
     counts = enqueue_dataframe(
-        df, QUEUE, "order_id", ["amount", "tags"], options={"priority": 3},
+        df, QUEUE, "order_id", ["amount", "tags", "customer"], options={"priority": 3},
         make_queue=make_queue, batch=16,
     )  # fmt: skip
 
@@ -51,7 +52,11 @@ def test_enqueue_dataframe_stores_each_id_once_and_counts_outcomes(spark, make_q
     assert queue.counts()[JobState.QUEUED] == 200
     for i in (20, 77, 199):  # never duplicated: the row's payload, the options given
         record = queue.storage.get_record(QUEUE, f"order-{i}")
-        assert queue.serde_loads(record.payload) == {"amount": i * 10, "tags": ["a", str(i)]}
+        assert queue.serde_loads(record.payload) == {
+            "amount": i * 10,
+            "tags": ["a", str(i)],
+            "customer": {"name": f"c{i}"},
+        }
         assert queue.get_status(f"order-{i}").priority == 3
     assert queue.serde_loads(queue.storage.get_record(QUEUE, "order-5").payload) == {"before": True}
 
@@ -70,7 +75,7 @@ def test_enqueue_dataframe_rerun_after_a_partial_run_sends_only_what_is_missing(
 
 
 def test_enqueue_dataframe_refuses_invalid_ids_before_sending_anything(spark, make_queue):
-    rows = [("order-1", 1, []), ("bad id with spaces", 2, []), ("order-3", 3, [])]
+    rows = [("order-1", 1, [], None), ("bad id with spaces", 2, [], None), ("order-3", 3, [], None)]
     df = spark.createDataFrame(rows, SCHEMA)
 
     with pytest.raises(InvalidOption, match="bad id with spaces"):

@@ -143,8 +143,9 @@ def _enqueue_partition(
     queue = (make_queue or get_queue)(queue_name)
     pending: list[dict[str, Any]] = []
     for row in rows:
-        payload = {c: row[c] for c in payload_cols}
-        pending.append({"id": row[id_col], "payload": payload, **options})
+        values = row.asDict(recursive=True)  # nested structs as dicts, not JSON arrays
+        payload = {c: values[c] for c in payload_cols}
+        pending.append({"id": values[id_col], "payload": payload, **options})
         if len(pending) >= batch:
             _send(queue, pending, accumulators)
             pending = []

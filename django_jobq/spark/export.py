@@ -105,22 +105,30 @@ def _event_chunks(
         after = rows[-1][0]
 
 
+def _columns(names: Sequence[str], groups: dict[tuple[str, str], list[tuple]]) -> dict:
+    """Rows per partition → column lists per partition (one transpose, not an append per
+    value: this loop runs for every exported row)."""
+    return {
+        key: dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+        for key, rows in groups.items()
+    }
+
+
+def _day(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).date().isoformat()
+
+
 def _event_columns(rows: Sequence[tuple]) -> dict:
-    grouped: dict[tuple[str, str], dict[str, list]] = defaultdict(
-        lambda: {name: [] for name in EVENT_ARROW.names}
-    )
+    groups: dict[tuple[str, str], list[tuple]] = defaultdict(list)
     for pk, queue, job_pk, job_id, handler, kind, at, worker, error in rows:
-        cols = grouped[(queue, at.astimezone(dt.UTC).date().isoformat())]
-        etype, message = _error_parts(error) if kind == "failed" else (None, None)
+        etype = message = None
         if kind == "failed":
+            etype, message = _error_parts(error)
             etype = etype or "Unknown"  # as the JDBC query says for a failure without error
-        for name, value in zip(
-            EVENT_ARROW.names,
-            (pk, job_pk, job_id, handler, kind, at, worker, etype, message),
-            strict=True,
-        ):
-            cols[name].append(value)
-    return grouped
+        groups[(queue, _day(at))].append(
+            (pk, job_pk, job_id, handler, kind, at, worker, etype, message)
+        )
+    return _columns(EVENT_ARROW.names, groups)
 
 
 def _export_events(
@@ -161,18 +169,15 @@ def _finished_jobs(using: str, events: Sequence[tuple]) -> list[tuple]:
 
 
 def _job_columns(rows: Sequence[tuple]) -> dict:
-    grouped: dict[tuple[str, str], dict[str, list]] = defaultdict(
-        lambda: {name: [] for name in JOB_ARROW.names}
-    )
+    groups: dict[tuple[str, str], list[tuple]] = defaultdict(list)
     for finished, pk, queue, job_id, handler, state, attempts, stalls, prio, created, started, \
             worker, error in rows:  # fmt: skip
-        cols = grouped[(queue, finished.astimezone(dt.UTC).date().isoformat())]
         etype, message = _error_parts(error)
-        values = (pk, job_id, handler, state, attempts, stalls, prio, created, started, finished,
-                  worker, etype, message)  # fmt: skip
-        for name, value in zip(JOB_ARROW.names, values, strict=True):
-            cols[name].append(value)
-    return grouped
+        groups[(queue, _day(finished))].append(
+            (pk, job_id, handler, state, attempts, stalls, prio, created, started, finished,
+             worker, etype, message)
+        )  # fmt: skip
+    return _columns(JOB_ARROW.names, groups)
 
 
 def export_history(
