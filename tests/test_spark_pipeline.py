@@ -142,3 +142,18 @@ def test_commands_refuse_bad_options(tmp_path, spark):
         call_command("jobq_analytics", "--input", str(tmp_path / "nothing"), "--database", DB)
     with pytest.raises(CommandError, match="reads PostgreSQL"):
         call_command("jobq_analytics", "--jdbc", "--database", "default")
+
+
+@pytest.mark.django_db(databases=["default"], transaction=True)
+def test_export_reads_sqlite_too_in_bounded_id_batches(tmp_path, monkeypatch):
+    from django_jobq.spark import export as export_module
+
+    monkeypatch.setattr(export_module, "IN_BATCH", 7)  # several IN (...) batches per chunk
+    generated = history.generate(n_jobs=60, seed=3)
+    history.store(generated, "default")
+
+    result = export_history(tmp_path, using="default", settle=0, chunk=100)
+
+    assert (result.events, result.jobs) == (sum(len(j.events) for j in generated), 60)
+    jobs = ds.dataset(tmp_path / "jobs", format="parquet", partitioning="hive").to_table()
+    assert sorted(jobs.column("job_id").to_pylist()) == sorted(j.job_id for j in generated)

@@ -40,6 +40,7 @@ from ..states import TERMINAL_STATES
 from .schema import MESSAGE_CHARS
 
 TERMINAL_KINDS = tuple(s.value for s in TERMINAL_STATES)
+IN_BATCH = 10_000  # ids per IN (...): SQLite allows 32,766 bound parameters per statement
 TS = pa.timestamp("us", tz="UTC")
 EVENT_ARROW = pa.schema(
     [
@@ -161,11 +162,13 @@ JOB_FIELDS = (
 
 def _finished_jobs(using: str, events: Sequence[tuple]) -> list[tuple]:
     """The jobs that a terminal event of this chunk finished, as they are now."""
-    pks = {row[2] for row in events if row[5] in TERMINAL_KINDS}
-    if not pks:
-        return []
-    jobs = Job.objects.using(using).filter(pk__in=pks, state__in=TERMINAL_KINDS)
-    return list(jobs.exclude(finished_at=None).order_by("id").values_list(*JOB_FIELDS))
+    pks = sorted({row[2] for row in events if row[5] in TERMINAL_KINDS})
+    finished = Job.objects.using(using).filter(state__in=TERMINAL_KINDS).exclude(finished_at=None)
+    rows: list[tuple] = []
+    for start in range(0, len(pks), IN_BATCH):
+        batch = finished.filter(pk__in=pks[start : start + IN_BATCH])
+        rows += batch.order_by("id").values_list(*JOB_FIELDS)
+    return rows
 
 
 def _job_columns(rows: Sequence[tuple]) -> dict:
