@@ -157,3 +157,19 @@ def test_export_reads_sqlite_too_in_bounded_id_batches(tmp_path, monkeypatch):
     assert (result.events, result.jobs) == (sum(len(j.events) for j in generated), 60)
     jobs = ds.dataset(tmp_path / "jobs", format="parquet", partitioning="hive").to_table()
     assert sorted(jobs.column("job_id").to_pylist()) == sorted(j.job_id for j in generated)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-03-01", dt.datetime(2026, 3, 1, tzinfo=dt.UTC)),
+        ("2026-03-01T12:30+02:00", dt.datetime(2026, 3, 1, 10, 30, tzinfo=dt.UTC)),
+        ("90m", dt.datetime(2026, 3, 1, 10, 30, tzinfo=dt.UTC)),
+        ("6h", dt.datetime(2026, 3, 1, 6, tzinfo=dt.UTC)),
+        ("7d", dt.datetime(2026, 2, 22, 12, tzinfo=dt.UTC)),
+    ],
+)
+def test_since_accepts_dates_datetimes_and_ages(text, expected):
+    from django_jobq.spark.cli import parse_since
+
+    assert parse_since(text, now=dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)) == expected
