@@ -30,6 +30,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
@@ -149,6 +150,8 @@ def main() -> None:
         spark.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+        if "JOBQ_BENCH_SPARK_SQLITE" not in os.environ:  # our own per-run file: leave nothing
+            Path(settings.DATABASES["default"]["NAME"]).unlink(missing_ok=True)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
