@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,api]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,api,spark]'
 	touch $@
 
 demo: $(BIN)/.installed
@@ -29,6 +29,7 @@ lint: $(BIN)/.installed
 test: $(BIN)/.installed lint
 	scripts/ensure-services redis postgres rabbitmq
 	scripts/ensure-chromium
+	scripts/ensure-jdbc-driver
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest

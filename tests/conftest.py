@@ -116,3 +116,15 @@ def live_storage(backend, request):
 @pytest.fixture
 def queue(live_storage) -> Queue:
     return Queue("tests-echo", storage=live_storage)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One embedded SparkSession for every Spark test of the run (starting one costs seconds):
+    two cores, few shuffle partitions, no UI, loopback only."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from django_jobq.spark import get_spark
+
+    session = get_spark("local[2]", app_name="jobq-tests", shuffle_partitions=4)
+    yield session
+    session.stop()
