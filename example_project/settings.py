@@ -19,6 +19,7 @@ INSTALLED_APPS = [
     "example_project.demo",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -75,4 +76,11 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {"jobq": "600/min"},
+}
+# Swagger UI and Redoc served from this project's static files (drf-spectacular-sidecar), not
+# from a CDN: they work on a machine without internet access.
+SPECTACULAR_SETTINGS = {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }

@@ -146,6 +146,26 @@ def test_queue_page_draws_throughput_and_latency_charts(admin_client, jobq):
     assert unknown.status_code == 404
 
 
+def test_queue_page_shows_the_spark_daily_history_when_there_is_one(admin_client, jobq):
+    from django_jobq.admin.common import jobs_alias
+    from django_jobq.models import QueueMetric
+
+    url = reverse("admin:django_jobq_queue_detail", args=[Q])
+    jobq.queue.enqueue("a", 1)
+    assert b"No daily history yet" in admin_client.get(url).content
+    today = dt.datetime.combine(timezone.now().date(), dt.time(), tzinfo=dt.UTC)
+    for days, done in ((0, 2880), (3, 1440)):
+        QueueMetric.objects.using(jobs_alias()).create(
+            queue=Q, handler="h", period="day", bucket=today - dt.timedelta(days=days),
+            completed=done, failed=10, run_p50=250.0, run_p95=900.0, wait_p95=40.0,
+            computed_at=timezone.now(),
+        )  # fmt: skip
+    html = admin_client.get(url).content.decode()
+    assert "Throughput by day, last 30 days" in html
+    assert "completed: 2/min" in html  # 2,880 jobs in a day
+    assert html.count('class="jobq-chart"') == 6
+
+
 def test_workers_page_lists_live_workers_and_their_current_jobs(admin_client, jobq):
     jobq.queue.enqueue("running", 1)
     jobq.storage.claim(Q, "w-77", 1, 30_000)

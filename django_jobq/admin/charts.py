@@ -273,3 +273,62 @@ def queue_charts(alias: str, queue: str, now: dt.datetime | None = None) -> list
             ),
         })  # fmt: skip
     return out
+
+
+HISTORY_DAYS = 30
+
+
+def history_charts(alias: str, queue: str, now: dt.datetime | None = None) -> dict | None:
+    """The last ``HISTORY_DAYS`` days from the Spark analytics (``QueueMetric``, period day),
+    or None when ``manage.py jobq_analytics`` has not written any for this queue. Reading the
+    precomputed rows keeps this page cheap however large the event history is."""
+    from ..models import QueueMetric
+
+    now = now or timezone.now()
+    first = dt.datetime.combine(
+        (now - dt.timedelta(days=HISTORY_DAYS - 1)).date(), dt.time(), tzinfo=dt.UTC
+    )
+    rows = list(
+        QueueMetric.objects.using(alias)
+        .filter(queue=queue, period=QueueMetric.Period.DAY, bucket__gte=first)
+        .order_by("bucket", "-completed")
+    )
+    if not rows:
+        return None
+    per_day: dict[int, list[QueueMetric]] = {}
+    for row in rows:  # one row per handler and day; a queue has had one handler at a time
+        index = (row.bucket - first).days
+        if 0 <= index < HISTORY_DAYS:
+            per_day.setdefault(index, []).append(row)
+
+    def total(name: str) -> list[float | None]:
+        return [
+            sum(getattr(r, name) for r in per_day[i]) / 1440 if i in per_day else None
+            for i in range(HISTORY_DAYS)
+        ]
+
+    def busiest(name: str) -> list[float | None]:  # the day's main handler, in seconds
+        values: list[float | None] = []
+        for i in range(HISTORY_DAYS):
+            value = getattr(per_day[i][0], name) if i in per_day else None
+            values.append(None if value is None else value / 1000)
+        return values
+
+    labels = [f"{first:%d %b}", f"{first + dt.timedelta(days=HISTORY_DAYS // 2):%d %b}",
+              f"{now:%d %b}"]  # fmt: skip
+    computed = max(r.computed_at for r in rows)
+    return {
+        "label": f"last {HISTORY_DAYS} days (Spark analytics)",
+        "computed_at": computed,
+        "throughput": bar_chart(
+            f"Throughput by day, last {HISTORY_DAYS} days", "jobs/min",
+            [Series("completed", "ok", total("completed")),
+             Series("failed", "bad", total("failed"))], labels,
+        ),
+        "latency": line_chart(
+            f"Wait and run time by day, last {HISTORY_DAYS} days", "seconds",
+            [Series("wait p95", "wait95", busiest("wait_p95")),
+             Series("run p50", "run", busiest("run_p50")),
+             Series("run p95", "run95", busiest("run_p95"))], labels,
+        ),
+    }  # fmt: skip

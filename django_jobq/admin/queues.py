@@ -26,7 +26,7 @@ from ..conf import get_storage
 from ..errors import ValidationError as RefusedInput
 from ..models import Job
 from ..states import JobState
-from .charts import finished_counts, queue_charts
+from .charts import finished_counts, history_charts, queue_charts
 from .common import QUEUE_CHANGE_PERM, age, has_mirror, jobs_alias, queue_for, queue_names
 from .workers import live_workers
 
@@ -165,6 +165,7 @@ class QueueAdmin(admin.ModelAdmin):
             **self._context(request, f"Queue {name}"),
             "row": queue_row(name, finished, workers, now, _one(row_counts([name]), name)),
             "charts": queue_charts(jobs_alias(), name, now),
+            "history": history_charts(jobs_alias(), name, now),
             "limits": _limits(name),
             "workers_error": workers_error,
         }

@@ -117,6 +117,13 @@ class JobStatusSerializer(serializers.Serializer):
     group = serializers.CharField(allow_null=True)
     dedup_key = serializers.CharField(allow_null=True)
     has_successor = serializers.BooleanField()
+    progress = serializers.JSONField(
+        allow_null=True, help_text="the handler's last job.set_progress value"
+    )
+    logs = serializers.SerializerMethodField(help_text="the job's last log lines, oldest first")
+
+    def get_logs(self, status: Any) -> list[dict[str, Any]]:
+        return [{"at": at.isoformat(), "line": line} for at, line in status.logs]
 
 
 class JobResultSerializer(serializers.Serializer):

@@ -4,18 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_jobq', '0006_api_keys'),
+        ("django_jobq", "0006_api_keys"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['queue', '-created_at', '-id'], name='jobq_job_q_created_id'),
+            model_name="job",
+            index=models.Index(
+                fields=["queue", "-created_at", "-id"], name="jobq_job_q_created_id"
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['-created_at', '-id'], name='jobq_job_created_id'),
+            model_name="job",
+            index=models.Index(fields=["-created_at", "-id"], name="jobq_job_created_id"),
         ),
     ]

@@ -103,6 +103,15 @@ def test_status_of_a_job(api):
     assert body["created_at"] is not None
 
 
+def test_status_shows_progress_and_log_lines(api, worker):
+    worker("tests-report")
+    get_queue("tests-report").enqueue_and_wait("p1", {}, timeout=10)
+    body = api.get("/jobq/queues/tests-report/jobs/p1/").json()
+    assert set(body["progress"]) == {"pid"}
+    [log] = body["logs"]
+    assert log["line"].endswith("at work") and log["at"].endswith("+00:00")
+
+
 def test_status_of_unknown_job_is_404(api):
     assert api.get(URL + "jobs/nope/").status_code == 404
 
