@@ -496,9 +496,10 @@ class Queue:
             self._forget_mirror_rows()
         return removed
 
-    def _forget_mirror_rows(self) -> None:
-        """The model mirror of a Redis queue is what the admin shows: an obliterated queue
-        must disappear there too, not linger until retention deletes it."""
+    def _forget_mirror_rows(self, job_ids: list[str] | None = None) -> None:
+        """The model mirror of a Redis queue is what the admin shows: an obliterated queue (or
+        deleted records, ``job_ids``, finished ones only) must disappear there too, not linger
+        until retention deletes it."""
         conf = jobq_settings()["MIRROR"]
         if not conf["ENABLED"]:
             return
@@ -506,8 +507,11 @@ class Queue:
 
         from .models import Job
 
+        rows = Job.objects.using(conf["DATABASE_ALIAS"]).filter(queue=self.name)
+        if job_ids is not None:
+            rows = rows.filter(job_id__in=job_ids, state__in=list(TERMINAL_STATES))
         try:
-            Job.objects.using(conf["DATABASE_ALIAS"]).filter(queue=self.name).delete()
+            rows.delete()
         except DatabaseError as exc:  # no mirror tables there: nothing to forget
             logger.debug("mirror rows of %s not deleted: %s", self.name, exc)
 
@@ -537,6 +541,17 @@ class Queue:
             progress=_decode_progress(record.progress),
             logs=tuple((ms_to_datetime(at) or _EPOCH, line) for at, line in record.logs),
         )
+
+    def delete(self, job_ids: Iterable[str]) -> int:
+        """Delete finished jobs' records now instead of at their ``result_ttl`` (an operator
+        clearing history, or freeing ids for reuse); waiting and running jobs are left alone
+        (cancel them first). Returns how many were deleted. The model mirror's rows of these
+        jobs are removed too, since no event will tell it."""
+        ids = [validate_job_id(job_id) for job_id in job_ids]
+        deleted = self.storage.delete_finished(self.name, ids)
+        if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
+            self._forget_mirror_rows(ids)
+        return deleted
 
     def get_payload(self, job_id: str) -> Any:
         """The job's decoded payload while its record lives (None when unknown or expired)."""

@@ -300,18 +300,24 @@ def test_bulk_retry_reports_each_job(admin_client, jobq):
     assert status is not None and status.attempts == 0
 
 
-def test_requeue_dead_and_delete_only_touch_dead_letters(admin_client, jobq):
+def test_requeue_dead_letters_and_delete_only_finished_records(admin_client, jobq):
     jobq.failed("dead1")
     jobq.failed("dead2")
     jobq.completed("fine")
+    jobq.queue.enqueue("waiting", 1)
+    jobq.sync()
     admin_client.post(job_url(jobq, "dead1", act="requeue_dead"), {"confirm": "yes"})
     assert jobq.state("dead1") is JobState.QUEUED
-    admin_client.post(job_url(jobq, "dead2", act="delete"), {"confirm": "yes"})
-    assert jobq.queue.get_status("dead2") is None
-    assert not Job.objects.filter(queue=Q, job_id="dead2").exists()
-    kept = admin_client.post(job_url(jobq, "fine", act="delete"), {"confirm": "yes"}, follow=True)
-    assert b"kept: only failed jobs" in kept.content
-    assert jobq.state("fine") is JobState.COMPLETED
+    for job_id in ("dead2", "fine"):
+        admin_client.post(job_url(jobq, job_id, act="delete"), {"confirm": "yes"})
+        assert jobq.queue.get_status(job_id) is None
+        assert not Job.objects.filter(queue=Q, job_id=job_id).exists()
+    assert jobq.queue.enqueue("fine", 1).outcome.value == "queued"  # the id is free again
+    kept = admin_client.post(
+        job_url(jobq, "waiting", act="delete"), {"confirm": "yes"}, follow=True
+    )
+    assert b"kept: it is queued" in kept.content
+    assert jobq.state("waiting") is JobState.QUEUED
 
 
 def test_change_priority_validates_input_and_run_now_promotes(admin_client, jobq):

@@ -68,17 +68,13 @@ def _requeue_dead(job: Job, _: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _delete(job: Job, _: dict[str, Any]) -> tuple[bool, str]:
-    if job.state != JobState.FAILED:
-        expiry = f"; its record expires at {job.expires_at:%Y-%m-%d %H:%M:%S} UTC"
-        return False, (
-            f"kept: only failed jobs (dead letters) are deleted by the Queue API; "
-            f"cancel waiting jobs instead{expiry if job.expires_at else ''}"
-        )
-    deleted = queue_for(job.queue).purge_dead([job.job_id])
+    if job.state not in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+        return False, f"kept: it is {job.state}; cancel it first, then delete it"
+    deleted = queue_for(job.queue).delete([job.job_id])
     if deleted and has_mirror():
-        # The mirror has no event for a purge: drop its row as Queue.obliterate does.
+        # Queue.delete drops the mirror's rows of its own alias; this row may live elsewhere.
         Job.objects.using(job._state.db).filter(pk=job.pk).delete()
-    return bool(deleted), "deleted" if deleted else "no longer failed"
+    return bool(deleted), "deleted" if deleted else "no longer finished"
 
 
 def _run_now(job: Job, _: dict[str, Any]) -> tuple[bool, str]:
@@ -113,7 +109,8 @@ ACTIONS: dict[str, ActionSpec] = {
     ),
     "delete": ActionSpec(
         "Delete record", DELETE_PERM, "delete", _delete,
-        "Failed jobs (dead letters) are deleted; their ids can be used again.",
+        "Finished jobs (completed, failed, cancelled) are deleted now instead of at their "
+        "result TTL; their ids can be used again. Waiting and running jobs are kept.",
     ),
     "run_now": ActionSpec(
         "Run now", CHANGE_PERM, "change", _run_now,

@@ -29,7 +29,7 @@ ACTION_STATES = {
     "force_cancel": {JobState.ACTIVE},
     "retry": {JobState.FAILED, JobState.CANCELLED},
     "requeue_dead": {JobState.FAILED},
-    "delete": {JobState.FAILED},
+    "delete": {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED},
     "run_now": {JobState.SCHEDULED, JobState.RETRYING},
     "priority": {JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING},
 }

@@ -328,6 +328,12 @@ class Storage(abc.ABC):
         their ids are free again. Returns how many were deleted."""
 
     @abc.abstractmethod
+    def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
+        """Delete the records of ``job_ids`` that are finished (completed, failed, cancelled),
+        at once rather than at their TTL; their ids are free again. Waiting and active jobs
+        are left alone. Returns how many were deleted."""
+
+    @abc.abstractmethod
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         """The job's record, or None when unknown or expired."""
 

@@ -1323,6 +1323,20 @@ class DatabaseStorage(Storage):
                 self._delete_rows(chunk)
             return len(pks)
 
+    def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
+        with self._atomic():
+            self._write_lock()
+            rows = self._records(
+                self._jobs().filter(
+                    queue=queue, job_id__in=list(job_ids), state__in=list(TERMINAL_STATES)
+                ),
+                self._now(),
+            )
+            pks = list(rows.values_list("id", flat=True))
+            for chunk in _chunks(pks):
+                self._delete_rows(chunk)
+            return len(pks)
+
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         row = self._jobs().filter(queue=queue, job_id=job_id).order_by().first()
         if row is None or (row.expires_at is not None and _ms(row.expires_at) <= self._now()):

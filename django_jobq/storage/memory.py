@@ -715,6 +715,19 @@ class MemoryStorage(Storage):
                 del q.jobs[job_id]
             return len(doomed)
 
+    def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
+        with self._cond:
+            q = self._peek(queue)
+            now = self._now()
+            doomed = [
+                job_id
+                for job_id in dict.fromkeys(job_ids)
+                if (rec := self._live(q, job_id, now)) is not None and rec.state in TERMINAL_STATES
+            ]
+            for job_id in doomed:
+                del q.jobs[job_id]
+            return len(doomed)
+
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         with self._cond:
             rec = self._live(self._peek(queue), job_id, self._now())

@@ -170,3 +170,20 @@ def test_a_singleton_successor_that_took_the_id_is_not_a_dead_letter(storage, vi
         assert storage.retry(Q, "s") is RetryOutcome.WAITING
     else:
         assert storage.purge_dead(Q, ["s"]) == 0
+
+
+def test_delete_finished_removes_only_finished_records(storage):
+    fail_for_good(storage, "f")
+    storage.enqueue(Q, job("done"))
+    storage.complete(Q, "done", claim_one(storage, Q).token, b"1")
+    storage.enqueue(Q, job("gone"))
+    storage.cancel(Q, "gone")
+    storage.enqueue(Q, job("waits"))
+    storage.enqueue(Q, job("runs"))
+    claim_one(storage, Q)  # "waits" is claimed first: FIFO
+    assert storage.delete_finished(Q, ["f", "done", "gone", "waits", "runs", "nope", "f"]) == 3
+    assert [storage.get_record(Q, i) for i in ("f", "done", "gone")] == [None, None, None]
+    assert storage.get_record(Q, "waits").state is JobState.ACTIVE
+    assert storage.get_record(Q, "runs").state is JobState.QUEUED
+    assert storage.count_dead(Q) == 0
+    assert storage.enqueue(Q, job("done")).outcome is EnqueueOutcome.QUEUED
