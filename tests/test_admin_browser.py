@@ -26,21 +26,31 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(databases=["default"], 
 ERROR = b'{"type": "TimeoutError", "message": "upstream took too long", "traceback": "Traceback (most recent call last):\\n  File \\"shop/tasks.py\\", line 42, in charge\\n    raise TimeoutError(\\"upstream took too long\\")"}'  # noqa: E501
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One browser for this module, closed at its end: Playwright's sync API keeps an event
+    loop running in the main thread while it is open, which would break every later test that
+    calls asyncio.run()."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure-chromium", pytrace=False)
-    # Playwright's sync API runs an event loop in this thread; Django's ORM calls of the
-    # fixtures below are plain blocking calls, which is what the test thread wants.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # Django's ORM calls of the fixtures below are plain blocking calls made while that loop
+    # runs, which is what the test thread wants; the check comes back after this module.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
-        )
-        yield chromium
-        chromium.close()
+    try:
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
