@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import NotFound
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,10 +22,10 @@ from ..conf import get_storage, jobq_settings
 from ..job import ms_to_datetime
 from ..models import Job, JobEvent, Schedule
 from ..queue import get_queue
-from ..schedules import fire_now
+from ..schedules import fire_now, validate_schedule
 from ..states import JobState
 from ..storage.base import Storage, WorkerRecord
-from .base import STORAGE_ERRORS, JobQView
+from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias
 from .permissions import allowed_queues, may_see_queue
@@ -32,6 +34,7 @@ from .serializers import (
     EnqueueResultSerializer,
     HealthSerializer,
     ScheduleSerializer,
+    ScheduleWriteSerializer,
     WorkerSerializer,
 )
 
@@ -172,3 +175,91 @@ class HealthView(APIView):
     def get(self, request: Request) -> Response:
         report, ok = health_report()
         return Response(HealthSerializer(report).data, status=200 if ok else 503)
+
+
+# -- editing schedules --------------------------------------------------------------------------
+
+EDITABLE = ("queue", "cron", "interval", "timezone", "payload", "job_options", "enabled",
+            "missed")  # fmt: skip
+
+
+def _validated(schedule: Schedule) -> Schedule:
+    """The admin form's checks (cron, time zone, job options, payload), as 400 field errors."""
+    try:
+        validate_schedule(schedule)
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict) from exc
+    return schedule
+
+
+def _edits(data: Any, *, partial: bool) -> dict[str, Any]:
+    body = ScheduleWriteSerializer(data=data, partial=partial)
+    body.is_valid(raise_exception=True)
+    return {k: v for k, v in body.validated_data.items() if k in EDITABLE}
+
+
+class ScheduleCreateView(ScheduleListView):
+    jobq_action = "read"
+
+    def get_permissions(self) -> list:
+        self.jobq_action = "manage" if self.request.method == "POST" else "read"
+        return super().get_permissions()
+
+    @extend_schema(operation_id="schedule_create", request=ScheduleWriteSerializer,
+                   responses={201: ScheduleSerializer, 409: None, **ERRORS})  # fmt: skip
+    def post(self, request: Request) -> Response:
+        """Create a schedule (cron expression or interval). A key needs ``manage`` on the
+        schedule's queue."""
+        body = ScheduleWriteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        name = body.validated_data["name"]
+        fields = _edits(request.data, partial=False)
+        if not may_see_queue(request, fields["queue"]):
+            raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
+        schedules = Schedule.objects.using(rows_alias())
+        if schedules.filter(name=name).exists():
+            raise Conflict(f"a schedule named {name!r} exists", "exists")
+        schedule = _validated(Schedule(name=name, **fields))
+        schedule.save(using=rows_alias())
+        return Response(ScheduleSerializer(schedule).data, status=201)
+
+
+class ScheduleDetailView(JobQView):
+    def get_permissions(self) -> list:
+        self.jobq_action = "read" if self.request.method == "GET" else "manage"
+        return super().get_permissions()
+
+    def _schedule(self, request: Request, name: str) -> Schedule:
+        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
+        if schedule is None or not may_see_queue(request, schedule.queue):
+            raise NotFound(f"no schedule {name!r}")
+        return schedule
+
+    @extend_schema(operation_id="schedule_get",
+                   responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
+    def get(self, request: Request, name: str) -> Response:
+        return Response(ScheduleSerializer(self._schedule(request, name)).data)
+
+    @extend_schema(operation_id="schedule_update", request=ScheduleWriteSerializer,
+                   responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
+    def patch(self, request: Request, name: str) -> Response:
+        """Change some fields; a new cron, interval or time zone recomputes the next run."""
+        schedule = self._schedule(request, name)
+        fields = _edits(request.data, partial=True)
+        if "queue" in fields and not may_see_queue(request, fields["queue"]):
+            raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
+        for field, value in fields.items():
+            setattr(schedule, field, value)
+        if "cron" in fields and fields["cron"]:
+            schedule.interval = None  # exactly one of the two: the new one wins
+        elif fields.get("interval") is not None:
+            schedule.cron = ""
+        _validated(schedule).save(using=rows_alias())
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(operation_id="schedule_delete", request=None,
+                   responses={204: None, 404: None, **ERRORS})  # fmt: skip
+    def delete(self, request: Request, name: str) -> Response:
+        """Delete a schedule; jobs it already enqueued are not touched."""
+        self._schedule(request, name).delete()
+        return Response(status=204)

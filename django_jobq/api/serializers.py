@@ -215,6 +215,22 @@ class ScheduleSerializer(serializers.Serializer):
     last_job_id = serializers.CharField(allow_blank=True)
 
 
+class ScheduleWriteSerializer(serializers.Serializer):
+    """What a client may set; the cron, time zone and job options are checked afterwards with
+    the admin form's rules (``validate_schedule``)."""
+
+    name = serializers.RegexField(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}$")
+    queue = serializers.CharField(max_length=64)
+    cron = serializers.CharField(allow_blank=True, required=False, default="", max_length=120)
+    interval = serializers.IntegerField(allow_null=True, required=False, default=None,
+                                        min_value=1)  # fmt: skip
+    timezone = serializers.CharField(required=False, default="UTC", max_length=64)
+    payload = serializers.JSONField(required=False, default=dict)
+    job_options = serializers.JSONField(required=False, default=dict)
+    enabled = serializers.BooleanField(required=False, default=True)
+    missed = serializers.ChoiceField(choices=["skip", "run_once"], required=False, default="skip")
+
+
 class HealthQueueSerializer(serializers.Serializer):
     name = serializers.CharField()
     paused = serializers.BooleanField()

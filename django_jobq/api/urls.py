@@ -33,7 +33,8 @@ urlpatterns = [
     path(J + "retry/", jobs.RetryView.as_view(), name="job-retry"),
     path(Q + "dead/", dead.DeadLetterListView.as_view(), name="dead-letters"),
     path("workers/", operations.WorkerListView.as_view(), name="worker-list"),
-    path("schedules/", operations.ScheduleListView.as_view(), name="schedule-list"),
+    path("schedules/", operations.ScheduleCreateView.as_view(), name="schedule-list"),
+    path("schedules/<str:name>/", operations.ScheduleDetailView.as_view(), name="schedule"),
     path("schedules/<str:name>/run/", operations.ScheduleRunView.as_view(), name="schedule-run"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
 ]

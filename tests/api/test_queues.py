@@ -85,3 +85,53 @@ def test_schedule_run_needs_manage_and_the_queue(api_backend, client_for):
     assert client_for(queues=["api-b"]).post("/jobq/schedules/nightly/run/").status_code == 404
     assert client_for().post("/jobq/schedules/nope/run/").status_code == 404
     assert get_queue("api-a").counts()["queued"] == 0
+
+
+def test_a_schedule_is_created_read_changed_and_deleted(api_backend, client_for):
+    api = client_for()
+    body = {"name": "reports", "queue": "api-a", "cron": "30 2 * * mon-fri",
+            "timezone": "Europe/Berlin", "payload": {"kind": "daily"},
+            "job_options": {"priority": -5}}  # fmt: skip
+    created = api.post("/jobq/schedules/", body, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["next_run_at"] is not None
+    assert api.post("/jobq/schedules/", body, format="json").status_code == 409
+    assert api.get("/jobq/schedules/reports/").json()["timezone"] == "Europe/Berlin"
+    changed = api.patch("/jobq/schedules/reports/", {"interval": 600, "enabled": False},
+                        format="json")  # fmt: skip
+    assert changed.status_code == 200, changed.json()
+    row = Schedule.objects.get(name="reports")
+    assert (row.interval, row.cron, row.enabled) == (600, "", False)
+    assert api.delete("/jobq/schedules/reports/").status_code == 204
+    assert not Schedule.objects.filter(name="reports").exists()
+    assert api.get("/jobq/schedules/reports/").status_code == 404
+
+
+def test_bad_schedules_are_refused_with_field_messages(api_backend, client_for):
+    api = client_for()
+    bad_cron = api.post("/jobq/schedules/", {"name": "x", "queue": "api-a", "cron": "61 * * * *"},
+                        format="json")  # fmt: skip
+    assert bad_cron.status_code == 400 and "cron" in bad_cron.json()
+    bad_zone = api.post("/jobq/schedules/", {"name": "y", "queue": "api-a", "interval": 5,
+                                             "timezone": "Mars/Base"}, format="json")  # fmt: skip
+    assert bad_zone.status_code == 400 and "timezone" in bad_zone.json()
+    neither = api.post("/jobq/schedules/", {"name": "z", "queue": "api-a"}, format="json")
+    assert neither.status_code == 400
+    assert api.post("/jobq/schedules/", {"name": "../x", "queue": "api-a", "interval": 5},
+                    format="json").status_code == 400  # fmt: skip
+    assert not Schedule.objects.exists()
+
+
+def test_editing_schedules_needs_manage_on_their_queue(api_backend, client_for):
+    Schedule.objects.create(name="nightly", queue="api-a", cron="0 3 * * *")
+    body = {"name": "n2", "queue": "api-a", "interval": 60}
+    assert client_for(actions=["read"]).post("/jobq/schedules/", body,
+                                             format="json").status_code == 403  # fmt: skip
+    assert client_for(queues=["api-b"]).post("/jobq/schedules/", body,
+                                             format="json").status_code == 403  # fmt: skip
+    other = client_for(queues=["api-b"])
+    assert other.patch("/jobq/schedules/nightly/", {"enabled": False},
+                       format="json").status_code == 404  # fmt: skip
+    assert other.delete("/jobq/schedules/nightly/").status_code == 404
+    assert client_for(actions=["read"]).delete("/jobq/schedules/nightly/").status_code == 403
+    assert Schedule.objects.get(name="nightly").enabled
