@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from django.db import connections
 
 from django_jobq.spark import export_history, submit
 
@@ -36,13 +37,17 @@ def cluster(tmp_path_factory):
         assert running.alive() == [], "cluster processes left behind"
 
 
-ENV = {
-    **os.environ,
-    "DJANGO_SETTINGS_MODULE": "tests.settings",
-    "PYTHONPATH": str(ROOT),
-    "SPARK_LOCAL_IP": "127.0.0.1",
-    "PYSPARK_PYTHON": sys.executable,
-}
+def env() -> dict[str, str]:
+    """The subprocesses' environment. They must read the test database pytest-django made (its
+    name is only known now), not the settings' default name, which does not exist in CI."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "JOBQ_TEST_PG_DB": connections["pg"].settings_dict["NAME"],
+    }
 
 
 @pytest.fixture
@@ -57,7 +62,7 @@ def test_analytics_on_a_standalone_cluster_match_plain_python(cluster, jobs, tmp
     done = subprocess.run(
         [sys.executable, "manage.py", "jobq_analytics", "--master", cluster.url,
          "--input", str(tmp_path / "export"), "--database", DB, "--settings", "tests.settings"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
@@ -71,7 +76,7 @@ def test_spark_submit_runs_the_analytics_on_the_cluster_it_was_given(cluster, jo
         [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url,
          "--conf", "spark.sql.shuffle.partitions=3", submit.__file__,
          "--input", str(tmp_path / "export"), "--database", DB],
-        cwd=ROOT, env={**ENV, "SPARK_HOME": str(SPARK_HOME)}, capture_output=True, text=True,
+        cwd=ROOT, env={**env(), "SPARK_HOME": str(SPARK_HOME)}, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
 
