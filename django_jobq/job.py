@@ -260,6 +260,17 @@ def decode_error(raw: bytes | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {"type": "Unknown", "message": str(value)}
 
 
+def decode_progress(raw: bytes | None) -> Any:
+    """A stored progress value; bytes that are not JSON (written into storage by hand) come
+    back as text rather than hiding the rest of the job's status."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return bytes(raw).decode("utf-8", "replace")
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     outcome: EnqueueOutcome

@@ -35,7 +35,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from .conf import get_storage, jobq_settings
-from .job import Event, JobRecord
+from .job import Event, JobRecord, decode_progress
 from .registry import handler_name, registry
 from .states import TERMINAL_STATES, JobState
 
@@ -79,15 +79,6 @@ def _error(raw: bytes | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return {"type": "Unreadable", "message": raw.decode("utf-8", "replace")}
-
-
-def _progress(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:  # written by hand into Redis: keep it visible as text
-        return raw.decode("utf-8", "replace")
 
 
 def _converter(field: Any, conn: Any) -> Any:
@@ -320,7 +311,7 @@ class Mirror:
                 queue, r.job_id, r.state.value, name, r.payload or b"", r.content_type,
                 r.result, _error(r.error), r.attempts, r.max_attempts, r.stalls, r.max_stalls,
                 r.priority, r.result_ttl, _dt(r.run_at), _dt(r.created_at), _dt(r.started_at),
-                _dt(r.finished_at), _dt(r.expires_at), r.worker or "", _progress(r.progress),
+                _dt(r.finished_at), _dt(r.expires_at), r.worker or "", decode_progress(r.progress),
                 [list(line) for line in r.logs] or None,
                 # columns the mirror does not know: the model's defaults
                 1000, 3_600_000, 0, 0,

@@ -4,7 +4,6 @@ hands storage one atomic operation per call."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import time
@@ -35,6 +34,7 @@ from .job import (
     RunAtUpdate,
     StoredEnqueue,
     decode_error,
+    decode_progress,
     ms_to_datetime,
 )
 from .serde import Serde, get_serde
@@ -538,7 +538,7 @@ class Queue:
             group=record.group,
             dedup_key=record.dedup_key,
             has_successor=record.has_successor,
-            progress=_decode_progress(record.progress),
+            progress=decode_progress(record.progress),
             logs=tuple((ms_to_datetime(at) or _EPOCH, line) for at, line in record.logs),
         )
 
@@ -615,13 +615,6 @@ class Queue:
 
 
 _EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)
-
-
-def _decode_progress(raw: bytes | None) -> Any:
-    try:
-        return None if raw is None else json.loads(raw)
-    except ValueError:  # not written by set_progress (by hand into storage): show it raw
-        return raw
 
 
 def now_ms() -> int:
