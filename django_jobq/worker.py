@@ -264,7 +264,7 @@ class Worker:
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner),
-                    since=time.monotonic(),
+                    since=time.monotonic() if self.autoscaler is not None else 0.0,
                 )  # fmt: skip
         size = self.handlers.options(jobs[0].queue).batch if jobs else None
         if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
@@ -275,7 +275,7 @@ class Worker:
             if isinstance(self._runner, AsyncRunner):
                 entry = self._inflight[(claimed.queue, claimed.job_id, claimed.token)]
                 timer = self._soft_timeout(claimed, [entry.job])
-                self._runner.submit(claimed, entry.job, partial(self._finished, timer=timer))
+                self._runner.submit(claimed, entry.job, partial(self._finished, entry, timer=timer))
             else:
                 self._work.put(claimed)
 
@@ -309,39 +309,38 @@ class Worker:
 
         return self._watchdog.schedule(timeout, expire)
 
-    def _handler_loop(self, slot: int) -> None:
-        while (item := self._work.get()) is not None:
-            assert not isinstance(self._runner, AsyncRunner)  # it has no handler threads
-            with self._cond:
-                entries = [
-                    self._inflight.get((c.queue, c.job_id, c.token))
-                    for c in (item if isinstance(item, list) else [item])
-                ]
-                # Released during shutdown before they started: not run.
-                live = [e for e in entries if e is not None]
-                for entry in live:
-                    entry.running = True
-            if not live:
-                continue
-            claimed, jobs = [e.claimed for e in live], [e.job for e in live]
-            timer = self._soft_timeout(claimed[0], jobs)
-            if isinstance(item, list):
-                acks = self._runner.run_batch(slot, claimed, jobs)
-            else:
-                acks = [self._runner.run(slot, claimed[0], jobs[0])]
-            if timer is not None:
-                self._watchdog.cancel(timer)
-            for c, ack in zip(claimed, acks, strict=True):
-                self._finished(c, ack, timer=None)
-
-    def _finished(self, claimed: ClaimedJob, ack: Ack, *, timer: int | None) -> None:
-        """A handler returned (on any pool): send its verdict."""
-        if timer is not None:
-            self._watchdog.cancel(timer)
+    def _start(self, claimed: ClaimedJob) -> _InFlight | None:
+        """Mark a handed-over job running; None when shutdown released it before it started."""
         with self._cond:
             entry = self._inflight.get((claimed.queue, claimed.job_id, claimed.token))
-        if entry is None:
-            return  # released at shutdown past the grace period: the verdict no longer counts
+            if entry is not None:
+                entry.running = True
+            return entry
+
+    def _handler_loop(self, slot: int) -> None:
+        runner = self._runner
+        assert not isinstance(runner, AsyncRunner)  # it has no handler threads
+        while (item := self._work.get()) is not None:
+            if not isinstance(item, list):  # the hot path: one job
+                entry = self._start(item)
+                if entry is not None:
+                    timer = self._soft_timeout(item, [entry.job])
+                    self._finished(entry, runner.run(slot, item, entry.job), timer=timer)
+                continue
+            live = [e for e in map(self._start, item) if e is not None]
+            if not live:
+                continue
+            timer = self._soft_timeout(live[0].claimed, [e.job for e in live])
+            acks = runner.run_batch(slot, [e.claimed for e in live], [e.job for e in live])
+            for i, (entry, ack) in enumerate(zip(live, acks, strict=True)):
+                self._finished(entry, ack, timer=timer if i == 0 else None)
+
+    def _finished(self, entry: _InFlight, ack: Ack, *, timer: int | None = None) -> None:
+        """A handler returned (on any pool): send its verdict. A verdict of a job that shutdown
+        released meanwhile is still sent: its token no longer fits, so storage refuses it."""
+        if timer is not None:
+            self._watchdog.cancel(timer)
+        claimed = entry.claimed
         entry.finished = True
         if self.autoscaler is not None:
             self.autoscaler.observe_run((time.monotonic() - entry.since) * 1000)

@@ -33,9 +33,7 @@ class AsyncRunner:
         self._thread = threading.Thread(target=loop.run_forever, name="jobq-async", daemon=True)
         self._thread.start()
 
-    def submit(
-        self, claimed: ClaimedJob, job: Job, done: Callable[[ClaimedJob, Ack], None]
-    ) -> None:
+    def submit(self, claimed: ClaimedJob, job: Job, done: Callable[[Ack], None]) -> None:
         """Start the job on the loop; ``done`` gets its verdict (from the loop's thread)."""
         loop = self._loop
         assert loop is not None, "start() first"
@@ -48,7 +46,7 @@ class AsyncRunner:
                 ack = error_verdict(claimed, JobCancelled("cancelled before it started"), "")
             else:
                 ack = task.result()
-            done(claimed, ack)
+            done(ack)
 
         def begin() -> None:
             task = loop.create_task(execute_async(claimed, self.handlers, job, hard))
