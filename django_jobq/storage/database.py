@@ -995,17 +995,19 @@ class DatabaseStorage(Storage):
         *,
         retry_in: int | None = None,
         permanent: bool = False,
+        final: JobState = JobState.FAILED,
     ) -> AckOutcome:
+        """``final`` CANCELLED is ``cancel_active``: the same ending, in another state."""
         now = self._now()
         with self._atomic():
             row = self._take_lease(queue, job_id, token, error=json.loads(error))
             if row is None:
                 return AckOutcome.LEASE_LOST
             if permanent or row["attempts"] >= row["max_attempts"]:
-                fields = self._finish_fields(row, JobState.FAILED, now)
+                fields = self._finish_fields(row, final, now)
                 self._jobs().filter(pk=row["id"]).update(**fields)
-                self._finished(row, queue, job_id, "failed", now)
-                return AckOutcome.FAILED
+                self._finished(row, queue, job_id, final.value, now)
+                return AckOutcome(final.value)
             due = now + max(retry_in or 0, 0)
             self._jobs().filter(pk=row["id"]).update(state=JobState.RETRYING, run_at=_dt(due))
             self._events([(row["id"], queue, job_id)], "retrying", now, row["worker"])
@@ -1136,15 +1138,7 @@ class DatabaseStorage(Storage):
         return {(j, t): mark == "force" for j, t, mark in rows if wanted.get(j) == t}
 
     def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
-        now = self._now()
-        with self._atomic():
-            row = self._take_lease(queue, job_id, token, error=json.loads(error))
-            if row is None:
-                return AckOutcome.LEASE_LOST
-            fields = self._finish_fields(row, JobState.CANCELLED, now)
-            self._jobs().filter(pk=row["id"]).update(**fields)
-            self._finished(row, queue, job_id, "cancelled", now)
-            return AckOutcome.CANCELLED
+        return self.fail(queue, job_id, token, error, permanent=True, final=JobState.CANCELLED)
 
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         now = self._now()

@@ -509,7 +509,9 @@ class MemoryStorage(Storage):
         *,
         retry_in: int | None = None,
         permanent: bool = False,
+        final: JobState = JobState.FAILED,
     ) -> AckOutcome:
+        """``final`` CANCELLED is ``cancel_active``: the same ending, in another state."""
         with self._cond:
             now = self._now()
             q = self._peek(queue)
@@ -518,8 +520,8 @@ class MemoryStorage(Storage):
                 return AckOutcome.LEASE_LOST
             rec.error = error
             if permanent or rec.attempts >= rec.options.max_attempts:
-                self._end_run(queue, q, rec, JobState.FAILED, now)
-                return AckOutcome.FAILED
+                self._end_run(queue, q, rec, final, now)
+                return AckOutcome(final.value)
             q.active.pop(job_id, None)
             due = now + (retry_in or 0)
             self._index_scheduled(q, rec, JobState.RETRYING, due)
@@ -572,15 +574,7 @@ class MemoryStorage(Storage):
             return out
 
     def cancel_active(self, queue: str, job_id: str, token: int, error: bytes) -> AckOutcome:
-        with self._cond:
-            now = self._now()
-            q = self._peek(queue)
-            rec = self._owned(q, job_id, token)
-            if rec is None:
-                return AckOutcome.LEASE_LOST
-            rec.error = error
-            self._end_run(queue, q, rec, JobState.CANCELLED, now)
-            return AckOutcome.CANCELLED
+        return self.fail(queue, job_id, token, error, permanent=True, final=JobState.CANCELLED)
 
     def release(self, queue: str, job_id: str, token: int) -> AckOutcome:
         with self._cond:
