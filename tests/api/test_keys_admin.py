@@ -38,7 +38,7 @@ def test_command_lists_without_secrets_and_revokes(api_backend):
     raw = create("ops", "--queue", "*", "--action", "manage")
     out = io.StringIO()
     call_command("jobq_apikey", "list", stdout=out)
-    assert "ops" in out.getvalue() and raw.split("_")[2] not in out.getvalue()
+    assert "ops" in out.getvalue() and raw.split("_", 2)[2] not in out.getvalue()  # the whole secret
     call_command("jobq_apikey", "revoke", ApiKey.objects.get().prefix, stdout=io.StringIO())
     assert works(raw) == 401
 
