@@ -104,10 +104,12 @@ class Ledger:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def first_start_after(self, moment: float) -> float | None:
+    def first_start_after(self, moment: float, pid: int) -> float | None:
+        """When worker ``pid`` started its first run after ``moment`` (None: not yet)."""
         with self.connect() as conn:
             row = conn.execute(
-                "SELECT min(started) FROM executions WHERE started > %s", [moment]
+                "SELECT min(started) FROM executions WHERE started > %s AND pid = %s",
+                [moment, pid],
             ).fetchone()
         return row[0]
 
