@@ -14,7 +14,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_jobq.conf import check_settings
-from django_jobq.errors import ConfigurationError, InvalidOption
+from django_jobq.errors import ConfigurationError, InvalidOption, Timeout
 from django_jobq.job import EnqueueOutcome
 from django_jobq.journal import reconcile
 from django_jobq.models import JournalEntry
@@ -155,6 +155,13 @@ def test_redis_unreachable_gives_pending_and_reconcile_sends_the_job(storage, al
     assert Queue(QUEUE, storage=storage).get_status("kept").state is JobState.QUEUED
 
 
+def test_enqueue_and_wait_journals_and_sends_before_waiting(q, alias):
+    with pytest.raises(Timeout):
+        q.enqueue_and_wait("waited", 1, timeout=0.2)  # no worker: it times out, but ...
+    assert set(entries(alias)) == {"waited"}  # ... it was journaled
+    assert q.get_status("waited").state is JobState.QUEUED  # and sent before the wait
+
+
 def test_enqueue_and_wait_refuses_to_wait_inside_a_transaction(q, alias):
     with pytest.raises(InvalidOption, match="inside a transaction"), transaction.atomic(alias):
         q.enqueue_and_wait("w", 1, timeout=1)
@@ -186,6 +193,17 @@ def test_reconcile_recreates_lost_jobs_with_their_id_and_options(q, redis_client
     assert abs((later.run_at - run_at).total_seconds()) < 0.01
     assert storage.get_record(QUEUE, "plain").payload == b'{"n":1}'
     assert q.enqueue("dup", 5, dedup_key="dk").job_id == "keyed"  # the dedup key is back
+
+
+def test_a_delay_is_journaled_as_the_original_due_time(q, redis_client, storage, alias):
+    before = dt.datetime.now(dt.UTC)
+    q.enqueue("delayed", 1, delay=dt.timedelta(minutes=10))
+    lose_queue(redis_client, storage.prefix)
+    reconcile(storage, [QUEUE], min_age=0)
+    status = q.get_status("delayed")
+    assert status.state is JobState.SCHEDULED
+    due = before + dt.timedelta(minutes=10)
+    assert dt.timedelta(0) <= status.run_at - due < dt.timedelta(seconds=5)
 
 
 def test_reconcile_never_duplicates_a_job_redis_still_knows(q, storage, alias):
