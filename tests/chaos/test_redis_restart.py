@@ -6,8 +6,9 @@ reconciles the journal. Every other restart starts from a copy of the AOF taken 
 before the kill (what a lost fsync window or a failover to a lagging replica leaves; the others
 keep Redis down for 7 s), so Redis really forgets accepted jobs and only the journal can bring
 them back. Asserted: every producer call ended in an error or a success (none hung, none
-vanished); each worker ran jobs again within 3 s of each restart; after ``jobq_reconcile``, 0 accepted jobs lost. Duplicates are reported,
-not asserted: at-least-once allows them, and a rollback re-runs what it forgets finished.
+vanished); each worker ran jobs again within 3 s of each restart; after ``jobq_reconcile``,
+0 accepted jobs lost. Duplicates are reported, not asserted: at-least-once allows them, and a
+rollback re-runs what it forgets finished.
 """
 
 from __future__ import annotations
