@@ -156,9 +156,7 @@ def main() -> None:
     base = results["redis"]
     for mode in ("journal_sqlite", "journal_pg"):
         results[mode]["one_vs_redis"] = round(results[mode]["one_per_s"] / base["one_per_s"], 3)
-        results[mode]["bulk_vs_redis"] = round(
-            results[mode]["bulk_per_s"] / base["bulk_per_s"], 3
-        )
+        results[mode]["bulk_vs_redis"] = round(results[mode]["bulk_per_s"] / base["bulk_per_s"], 3)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:
