@@ -435,6 +435,8 @@ class JournalEntry(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["queue", "job_id"], name="jobq_journal_queue_job")
         ]
+        # Reconcile walks one queue's entries in primary-key order, a batch at a time.
+        indexes = [models.Index(fields=["queue", "id"], name="jobq_journal_queue_id")]
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id}"
