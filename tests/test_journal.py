@@ -335,6 +335,14 @@ def test_a_queue_setting_durability_is_not_a_job_option(settings):
     assert (queue.durability, queue.defaults.priority) == ("journal", 2)
 
 
+def test_jobq_reconcile_says_so_when_redis_is_unreachable(q, jobq, settings, alias):
+    q.enqueue("waiting", 1)
+    settings.JOBQ = {**jobq, "REDIS_URL": "redis://127.0.0.1:7299/0"}
+    with pytest.raises(CommandError, match="Redis unreachable"):
+        call_command("jobq_reconcile", "--min-age", "0")
+    assert set(entries(alias)) == {"waiting"}
+
+
 def test_jobq_reconcile_refuses_a_backend_without_journal(settings):
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "memory"}
     with pytest.raises(CommandError, match="Redis backend feature"):

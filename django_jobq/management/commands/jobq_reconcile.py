@@ -47,13 +47,18 @@ class Command(BaseCommand):
             raise CommandError("--batch must be a positive integer")
         if options["min_age"] is not None and options["min_age"] < 0:
             raise CommandError("--min-age must be >= 0")
-        reports = reconcile(
-            storage,
-            queues or None,
-            dry_run=options["dry_run"],
-            min_age=options["min_age"],
-            batch=options["batch"],
-        )
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        try:
+            reports = reconcile(
+                storage,
+                queues or None,
+                dry_run=options["dry_run"],
+                min_age=options["min_age"],
+                batch=options["batch"],
+            )
+        except (ConnectionError, TimeoutError) as exc:
+            raise CommandError(f"Redis unreachable, nothing reconciled: {exc}") from exc
         prefix = "dry run: " if options["dry_run"] else ""
         if not reports:
             self.stdout.write(f"{prefix}journal is empty")
