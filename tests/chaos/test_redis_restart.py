@@ -1,14 +1,15 @@
 """Fault 5: Redis (private instance, AOF everysec) SIGKILLed and restarted under load.
 
-Producers enqueue in journal mode from threads of this process, two real ``runworker``
-processes run the jobs into PostgreSQL ledgers, and a ``runreaper`` recovers stalls and
-reconciles the journal. Every other restart starts from a copy of the AOF taken a second
-before the kill (what a lost fsync window or a failover to a lagging replica leaves; the others
-keep Redis down for 7 s), so Redis really forgets accepted jobs and only the journal can bring
-them back. Asserted: every producer call ended in an error or a success (none hung, none
-vanished); each worker ran jobs again within 3 s of each restart; after ``jobq_reconcile``,
-0 accepted jobs lost. Duplicates are reported, not asserted: at-least-once allows them, and a
-rollback re-runs what it forgets finished.
+Producers enqueue in journal mode from threads of this process (each job due 2 s later, so
+Redis always holds accepted jobs that have not run), two real ``runworker`` processes run the
+jobs into PostgreSQL ledgers, and a ``runreaper`` recovers stalls and reconciles the journal.
+Every other restart starts from a copy of the AOF taken a second before the kill (what a lost
+fsync window or a failover to a lagging replica leaves; the others keep Redis down for 7 s),
+so Redis really forgets accepted jobs and only the journal can bring them back. Asserted:
+every producer call ended in an error or a success (none hung, none vanished); each worker ran
+jobs again within 3 s of each restart; after ``jobq_reconcile``, 0 accepted jobs lost.
+Duplicates are reported, not asserted: at-least-once allows them, and a rollback re-runs what
+it forgets finished.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ ACCEPTED = (EnqueueOutcome.QUEUED, EnqueueOutcome.PENDING)
 # and long enough for a worker's backoff to grow: it must still resume within 3 s.
 DOWN = {True: 1.0, False: 7.0}
 UP = 3.5  # seconds Redis runs between a restart and the next kill
+# Every job waits this long in Redis before it may run (a backlog, or delayed jobs), so a
+# rollback forgets jobs that have not run yet: without the journal they would be lost (workers
+# that run each job within milliseconds would hide the loss behind jobs already done).
+DELAY_MS = 2000
 RECREATED = re.compile(r"journal chaos-restart: .*recreated (\d+)")
 
 pytestmark = [
@@ -82,7 +87,7 @@ def produce(q: Queue, ledger: Ledger, calls: Calls, ids: list[str], until: float
             with calls.lock:
                 calls.made += 1
             try:
-                result = q.enqueue(job_id, {"n": n}, max_stalls=10)
+                result = q.enqueue(job_id, {"n": n}, max_stalls=10, delay=DELAY_MS)
             except Exception as exc:
                 with calls.lock:
                     calls.errors.append(f"{type(exc).__name__}: {exc}")
