@@ -13,6 +13,10 @@ own database, created when missing). Per mode:
    jobs/s including the commit and the sends.
 3. ``bulk``: ``enqueue_many`` of 1,000 jobs a call: jobs/s.
 
+Then ``reconcile`` (journal on PostgreSQL): ``--reconcile-jobs`` jobs journaled, the queue's
+Redis keys deleted, and ``reconcile`` timed twice: re-creating every job (``recreate_per_s``),
+then with every job live in Redis (``check_per_s``: the steady cost of the reaper's pass).
+
 One JSON object goes to stdout (progress to stderr). Isolation: a fresh key prefix
 ``jobqbench-journal-<random>`` whose keys are deleted at the end, journal tables emptied after
 each phase, nothing else touched.
@@ -116,6 +120,37 @@ def measure(queue: Any, alias: str | None, jobs: int) -> dict[str, float]:
     }
 
 
+def measure_reconcile(storage: Any, jobs: int) -> dict[str, float]:
+    from django.test import override_settings
+
+    from django_jobq.conf import jobq_settings
+    from django_jobq.journal import reconcile
+    from django_jobq.models import JournalEntry
+    from django_jobq.queue import Queue
+
+    journal = {**jobq_settings()["JOURNAL"], "DATABASE_ALIAS": "pg"}
+    with override_settings(JOBQ={**jobq_settings(), "JOURNAL": journal}):
+        queue = Queue(QUEUE, storage=storage, durability="journal")
+        for start in range(0, jobs, 1000):
+            queue.enqueue_many([(None, {"n": i}) for i in range(start, min(jobs, start + 1000))])
+        storage.obliterate(QUEUE, force=True)  # Redis forgot them all
+        t0 = time.perf_counter()
+        lost = reconcile(storage, [QUEUE], min_age=0)[QUEUE]
+        recreate_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        live = reconcile(storage, [QUEUE], min_age=0)[QUEUE]
+        check_s = time.perf_counter() - t0
+        JournalEntry.objects.using("pg").filter(queue=QUEUE).delete()
+    assert lost.recreated == jobs and live.live == jobs, (lost, live)
+    return {
+        "entries": jobs,
+        "recreate_s": round(recreate_s, 2),
+        "recreate_per_s": round(jobs / recreate_s),
+        "check_s": round(check_s, 2),
+        "check_per_s": round(jobs / check_s),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000, help="single enqueues per phase")
@@ -123,6 +158,7 @@ def main() -> None:
         "--redis-url", default=os.environ.get("JOBQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     parser.add_argument("--pg-db", default="jobq_journal_bench")
+    parser.add_argument("--reconcile-jobs", type=int, default=50_000)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
 
@@ -150,6 +186,8 @@ def main() -> None:
                 storage.obliterate(QUEUE, force=True)
                 if alias is not None:
                     JournalEntry.objects.using(alias).filter(queue=QUEUE).delete()
+        print("measuring reconcile ...", file=sys.stderr)
+        results["reconcile_pg"] = measure_reconcile(storage, args.reconcile_jobs)
     finally:
         storage.obliterate(QUEUE, force=True)
         storage.close()
