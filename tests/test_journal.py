@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 
 import pytest
 from django.core.management import call_command
@@ -15,8 +16,16 @@ from django.test import override_settings
 
 from django_jobq.conf import check_settings
 from django_jobq.errors import ConfigurationError, InvalidOption, Timeout
-from django_jobq.job import EnqueueOutcome
-from django_jobq.journal import reconcile
+from django_jobq.job import (
+    Dedup,
+    DedupMode,
+    EnqueueOutcome,
+    JobOptions,
+    JobUpdate,
+    NewJob,
+    RunAtUpdate,
+)
+from django_jobq.journal import decode_job, encode_options, reconcile
 from django_jobq.models import JournalEntry
 from django_jobq.queue import Queue
 from django_jobq.reaper import Reaper
@@ -173,6 +182,23 @@ def test_enqueue_and_wait_refuses_to_wait_inside_a_transaction(q, alias):
     with pytest.raises(InvalidOption, match="inside a transaction"), transaction.atomic(alias):
         q.enqueue_and_wait("w", 1, timeout=1)
     assert entries(alias) == {}
+
+
+def test_every_enqueue_option_survives_the_journal_encoding():
+    job = NewJob(
+        "j", b"\x81\xa1n\x01", JobOptions(7, 60_000, 5, 50, 2, -3), run_at=1_900_000_000_000,
+        content_type="msgpack", lifo=True, group="g", singleton=True,
+        update=JobUpdate(True, RunAtUpdate.IF_LATER, True, False, True),
+        dedup=Dedup("k", DedupMode.DEBOUNCE, 1500),
+    )  # fmt: skip
+    data = json.loads(json.dumps(encode_options(job, now=0)))  # what the JSON column keeps
+    assert decode_job("j", job.payload, "msgpack", data) == job
+
+
+def test_a_delay_is_encoded_as_an_absolute_due_time():
+    job = NewJob("d", b"1", JobOptions(), run_at=None, delay=500)
+    decoded = decode_job("d", b"1", "json", encode_options(job, now=1_000))
+    assert (decoded.run_at, decoded.delay) == (1_500, 0)
 
 
 # -- reconcile --------------------------------------------------------------------------------
