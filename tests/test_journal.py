@@ -380,3 +380,29 @@ def test_jobq_reconcile_refuses_a_backend_without_journal(settings):
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "memory"}
     with pytest.raises(CommandError, match="Redis backend feature"):
         call_command("jobq_reconcile")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_rest_api_answers_201_pending_for_a_job_kept_in_the_journal(settings, redis_prefix):
+    from django.core.cache import cache
+    from rest_framework.test import APIClient
+
+    from django_jobq.api.keys import create_key
+    from django_jobq.conf import get_storage, reset_storage
+
+    settings.JOBQ = {
+        **settings.JOBQ, "BACKEND": "redis", "PREFIX": redis_prefix, "DURABILITY": "journal",
+        "REDIS_URL": "redis://127.0.0.1:7299/0",  # nothing listens: Redis is down
+    }  # fmt: skip
+    cache.clear()
+    client = APIClient()
+    key = create_key("journal", queues=("*",), actions=("enqueue",))[1]
+    client.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+    try:
+        response = client.post(f"/jobq/queues/{QUEUE}/jobs/", {"id": "api-1"}, format="json")
+    finally:
+        get_storage().close()
+        reset_storage()
+    assert response.status_code == 201, response.content
+    assert response.json()["outcome"] == "pending"
+    assert set(entries("default")) == {"api-1"}
