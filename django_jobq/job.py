@@ -23,6 +23,13 @@ LOG_LINE_MAX = 2000
 #: The largest progress value, as JSON: progress is a status line, not a result channel.
 PROGRESS_MAX_BYTES = 16 * 1024
 
+#: Due time (epoch ms, 9000-01-01) of a flow parent parked until its children finish: later
+#: than any real schedule, yet exact as a double score and inside datetime's range.
+PARKED_MS = 221_845_392_000_000
+#: Anything due after this counts as parked: a parent parked again by a worker is due at
+#: PARKED_MS as that worker's clock reckons, a little off the storage's.
+PARKED_FLOOR = PARKED_MS - 365 * 24 * 3600 * 1000
+
 #: Sends (progress JSON or None, log line or None) for the running attempt; False: lease lost.
 Reporter = Callable[[bytes | None, str | None], bool]
 
@@ -335,6 +342,21 @@ class JobResult:
         return self.state is JobState.COMPLETED
 
 
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """How one child of a flow ended, as its parent's handler receives it."""
+
+    queue: str
+    job_id: str
+    state: JobState  # completed, failed or cancelled; failed too when its record was gone
+    value: Any = None  # the child's result (completed)
+    error: dict[str, Any] | None = None  # the child's error (failed, cancelled, lost)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is JobState.COMPLETED
+
+
 @dataclass(slots=True)
 class Job:
     """What a handler receives: the job's identity, payload and a cooperative cancel flag."""
@@ -351,6 +373,21 @@ class Job:
     reporter: Reporter | None = field(default=None, repr=False)
     progress: Any = None
     logs: list[str] = field(default_factory=list, repr=False)
+    # A flow parent's children, in the order the flow named them (see flows.py).
+    children: tuple[ChildOutcome, ...] = ()
+
+    @property
+    def child_results(self) -> dict[str, Any]:
+        """Results of the children that completed, by child job id."""
+        return {c.job_id: c.value for c in self.children if c.ok}
+
+    @property
+    def previous_result(self) -> Any:
+        """The result of a chain's previous step: the value of this job's only child."""
+        if len(self.children) != 1:
+            raise ValueError(f"previous_result needs exactly one child, this job has "
+                             f"{len(self.children)}")  # fmt: skip
+        return self.children[0].value
 
     def is_cancelled(self) -> bool:
         """True once the worker wants this job to stop: shutdown past grace, or lease lost."""

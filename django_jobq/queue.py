@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
+from . import envelope
 from .conf import OPTION_NAMES, get_storage, jobq_settings, queue_defaults
 from .errors import InvalidJobId, InvalidOption, JobFailed, PayloadTooLarge, Timeout
 from .job import (
@@ -57,7 +58,7 @@ def serde_for(content_type: str) -> Serde:
     makes older jobs unreadable."""
     serde = _SERDE_CACHE.get(content_type)
     if serde is None:
-        serde = _SERDE_CACHE[content_type] = get_serde(content_type)
+        serde = _SERDE_CACHE[content_type] = get_serde(envelope.base_type(content_type))
     return serde
 
 
@@ -71,6 +72,12 @@ def _epoch_ms(name: str, value: dt.datetime) -> int:
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
         raise InvalidOption(f"{name} must be a timezone-aware datetime")
     return int(value.timestamp() * 1000)
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+        raise InvalidOption(f"{name} must be a number of seconds in (0, 86400], got {value!r}")
+    return float(value)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -191,9 +198,15 @@ class Queue:
         dedup_key: str | None = None,
         dedup_mode: str | None = None,
         dedup_ttl: int | dt.timedelta | None = None,
+        timeout: float | None = None,
+        hard_timeout: float | None = None,
+        meta: dict[str, Any] | None = None,
         **options: Any,
     ) -> NewJob:
-        """Validate and serialise one job without storing it (what every enqueue path uses)."""
+        """Validate and serialise one job without storing it (what every enqueue path uses).
+
+        ``timeout`` / ``hard_timeout`` (seconds) override the handler's for this job; they and
+        ``meta`` (flows) travel in the job envelope (``envelope.py``)."""
         # 128 random bits as 32 hex characters (uuid4's length, a fifth of its cost).
         job_id = os.urandom(16).hex() if job_id is None else validate_job_id(job_id)
         if options:
@@ -201,7 +214,14 @@ class Queue:
             if unknown:
                 raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")
         resolved = self._resolve_options(options)
-        body = self.serde.dumps(payload)
+        meta = dict(meta or {})
+        for name, value in (("timeout", timeout), ("hard_timeout", hard_timeout)):
+            if value is not None:
+                meta[name] = _seconds(name, value)
+        if meta:
+            body, content_type = envelope.wrap(self.serde, payload, meta)
+        else:
+            body, content_type = self.serde.dumps(payload), self.serde.name
         if len(body) > self.max_payload_bytes:
             raise PayloadTooLarge(len(body), self.max_payload_bytes)
         run_at_ms = None if run_at is None else _epoch_ms("run_at", run_at)
@@ -209,7 +229,7 @@ class Queue:
         if group is not None:
             _key_like_id("group", group)
         return NewJob(
-            job_id, body, resolved, run_at_ms, delay_ms, self.serde.name, waiter,
+            job_id, body, resolved, run_at_ms, delay_ms, content_type, waiter,
             lifo=_flag("lifo", lifo),
             group=group,
             singleton=_flag("singleton", singleton),
@@ -565,9 +585,10 @@ class Queue:
         if record.payload is None:
             return None
         try:
-            return serde_for(record.content_type).loads(record.payload)
+            value = serde_for(record.content_type).loads(record.payload)
         except Exception:  # any decoder error: the job must stay visible
             return record.payload
+        return envelope.unwrap(record.content_type, value)[0]
 
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the

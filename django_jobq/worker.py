@@ -24,10 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from . import flows
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
+from .envelope import is_enveloped
 from .errors import ConfigurationError, JobCancelled
-from .execution import error_body, make_job
+from .execution import error_body, job_timeouts, make_job
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
@@ -36,6 +38,10 @@ from .validation import validate_job_id, validate_queue_name
 
 logger = logging.getLogger("django_jobq.worker")
 CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
+
+
+# Verdicts after which a flow child's parents may be released.
+_FINAL = frozenset({AckOutcome.COMPLETED, AckOutcome.FAILED, AckOutcome.CANCELLED})
 
 
 @dataclass(slots=True)
@@ -297,7 +303,11 @@ class Worker:
     # -- running ----------------------------------------------------------------------------
 
     def _soft_timeout(self, claimed: ClaimedJob, jobs: list[Job]) -> int | None:
-        timeout = self.handlers.options(claimed.queue).timeout
+        timeout, hard = job_timeouts(claimed, self.handlers)
+        if hard is not None and not self._runner.supports_hard_timeout:
+            # A job's own hard_timeout on the thread pool (the worker refuses handler-wide
+            # ones here): nothing can stop a thread, so it is asked to stop, as a soft one.
+            timeout = hard if timeout is None else min(timeout, hard)
         if timeout is None:
             return None
 
@@ -398,12 +408,27 @@ class Worker:
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(2.0, 0.05 * 2**failures))
+        flow_children = []
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
-                if self._inflight.pop((name, ack.job_id, ack.token), None) is not None:
+                entry = self._inflight.pop((name, ack.job_id, ack.token), None)
+                if entry is not None:
                     self._free += 1
+                    if outcome in _FINAL and is_enveloped(entry.claimed.content_type):
+                        flow_children.append(entry.claimed)
                 self._count(name, ack, outcome)
             self._cond.notify_all()
+        for claimed in flow_children:
+            self._resolve_parents(claimed)
+
+    def _resolve_parents(self, claimed: ClaimedJob) -> None:
+        """Fast path of flows: a child that finished releases its parents now, not at the
+        next sweep. Errors only delay them until that sweep."""
+        for queue, job_id in flows.parents_of(claimed):
+            try:
+                flows.resolve(self.storage, queue, job_id)
+            except Exception as exc:
+                logger.warning("[%s/%s] flow parent not resolved yet: %s", queue, job_id, exc)
 
     def _count(self, name: str, ack: Ack, outcome: AckOutcome) -> None:
         key = {
@@ -445,6 +470,7 @@ class Worker:
                 if self.reap_interval and time.monotonic() - last_reap >= self.reap_interval:
                     last_reap = time.monotonic()
                     for name in self.queues:
+                        flows.resolve_parked(self.storage, name)
                         report = self.storage.reap(name)
                         if report.requeued or report.failed:
                             logger.warning(

@@ -334,6 +334,11 @@ class Storage(abc.ABC):
         are left alone. Returns how many were deleted."""
 
     @abc.abstractmethod
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        """Ids of up to ``limit`` scheduled jobs due after ``PARKED_FLOOR``: flow parents
+        waiting for their children (``flows.py``), for the sweep that releases them."""
+
+    @abc.abstractmethod
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         """The job's record, or None when unknown or expired."""
 

@@ -42,6 +42,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from ..errors import QueueBusy, StorageError
 from ..job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -1302,6 +1303,12 @@ class DatabaseStorage(Storage):
         )
         records = (self.get_record(queue, job_id) for job_id in ids)
         return [r for r in records if r is not None and r.state is JobState.FAILED]
+
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        rows = self._jobs().filter(
+            queue=queue, state=JobState.SCHEDULED, run_at__gte=_dt(PARKED_FLOOR)
+        )
+        return list(rows.order_by("run_at", "id").values_list("job_id", flat=True)[:limit])
 
     def count_dead(self, queue: str) -> int:
         return self._dead(queue, self._now()).count()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import QueueBusy
 from ..job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -694,6 +695,16 @@ class MemoryStorage(Storage):
         with self._cond:
             dead = self._dead(self._peek(queue), self._now())[offset : offset + limit]
             return [self._record(queue, r) for r in dead]
+
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        with self._cond:
+            q = self._peek(queue)
+            ids = [
+                r.job_id
+                for r in q.jobs.values()
+                if r.state is JobState.SCHEDULED and (r.run_at or 0) >= PARKED_FLOOR
+            ]
+            return sorted(ids)[:limit]
 
     def count_dead(self, queue: str) -> int:
         with self._cond:

@@ -169,3 +169,39 @@ def soft_forever(job):
     while not job.is_cancelled() and time.monotonic() < deadline:
         time.sleep(0.01)
     return "stopped"
+
+
+@handler("tests-job-hang")
+def job_hang(job):
+    """No timeout of its own: per-job timeouts (enqueue(..., hard_timeout=)) stop it."""
+    time.sleep(job.payload.get("seconds", 0))
+    return {"pid": os.getpid()}
+
+
+FLOW_CALLS: list[str] = []  # ids of flow parents whose handler ran (in-process workers)
+
+
+@handler("tests-flow-a")
+@handler("tests-flow-leaf")
+def flow_leaf(job):
+    if job.payload.get("fail"):
+        raise PermanentError(f"leaf {job.id} refuses")
+    time.sleep(job.payload.get("seconds", 0))
+    return job.payload["value"]
+
+
+@handler("tests-flow-sum")
+def flow_sum(job):
+    FLOW_CALLS.append(job.id)
+    return {
+        "payload": job.payload,
+        "sum": sum(job.child_results.values()),
+        "children": [[c.queue, c.job_id, c.state.value, c.value] for c in job.children],
+    }
+
+
+@handler("tests-flow-step")
+def flow_step(job):
+    """A chain step: the previous step's result (0 for the first) plus payload["add"]."""
+    before = job.previous_result if job.children else 0
+    return before * job.payload.get("times", 1) + job.payload["add"]

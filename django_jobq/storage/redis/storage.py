@@ -11,6 +11,7 @@ from typing import Any
 from ...errors import QueueBusy
 from ...job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -585,6 +586,12 @@ class RedisStorage(Storage):
         records = self.get_records(queue, ids)
         # A record cleaned by SCAN, or an id a new job took after a purge, is not dead.
         return [r for r in records.values() if r is not None and r.state is JobState.FAILED]
+
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        ids = self.client.zrangebyscore(
+            self.keys(queue).scheduled, PARKED_FLOOR, "+inf", start=0, num=limit
+        )
+        return [_s(x) for x in ids]
 
     def count_dead(self, queue: str) -> int:
         self._prune_dead(queue)
