@@ -227,6 +227,25 @@ class QueueLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureCall:
+    """A pending call of a queue's failure handler, recorded in the same atomic step that
+    failed the job for good. It carries its own copy of what the handler needs, so the call
+    survives the job record's ``result_ttl`` and a successor taking the id over."""
+
+    queue: str
+    call_id: str  # the backend's name of this call (unique per permanent failure)
+    job_id: str
+    payload: bytes
+    content_type: str
+    error: bytes  # JSON {type, message, traceback} of the failure
+    attempts: int  # runs the job used
+    failed_at: int  # epoch ms
+    due_at: int  # epoch ms: when it is (next) claimable; while leased, the lease's end
+    tries: int  # claims so far; also the fence a settle must present
+    last_error: bytes | None = None  # JSON of the failure handler's own last error
+
+
+@dataclass(frozen=True, slots=True)
 class FinalOutcome:
     """A finished job as told to a waiter: its final state and result or error bytes."""
 
