@@ -344,6 +344,34 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedJob:
+    """The job a failure handler is told about: a copy taken when it failed for good (its
+    record may have expired or been replaced by then)."""
+
+    id: str
+    queue: str
+    attempts: int  # runs it used
+    failed_at: dt.datetime
+    content_type: str
+    raw_payload: bytes  # the payload as enqueued, whether or not it decodes
+    tries: int  # this call of the failure handler: 1 the first time, 2 after one failed, ...
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFailureCall:
+    """A failure-handler call that has not succeeded yet (``Queue.failure_calls``)."""
+
+    job_id: str
+    payload: Any  # decoded (raw bytes when it does not decode)
+    error: dict[str, Any] | None  # the job's failure
+    attempts: int
+    failed_at: dt.datetime
+    due_at: dt.datetime  # next try (while one runs: when its lease ends)
+    tries: int  # calls so far
+    last_error: dict[str, Any] | None  # the failure handler's own last error
+
+
+@dataclass(frozen=True, slots=True)
 class JobResult:
     state: JobState
     value: Any = None

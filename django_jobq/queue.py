@@ -29,6 +29,7 @@ from .job import (
     JobStatus,
     JobUpdate,
     NewJob,
+    PendingFailureCall,
     QueueLimits,
     RetryOutcome,
     RunAtUpdate,
@@ -416,6 +417,31 @@ class Queue:
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
         return self.storage.purge_dead(self.name, ids)
 
+    # -- failure handler calls --------------------------------------------------------------
+
+    def failure_calls(self, *, offset: int = 0, limit: int = 100) -> list[PendingFailureCall]:
+        """Failure-handler calls not yet done (waiting, running, or backing off after the
+        failure handler raised), soonest due first: what an operator checks when a failure
+        handler keeps failing (``last_error``)."""
+        offset = validate_positive_int("offset", offset, minimum=0)
+        limit = validate_positive_int("limit", limit)
+        return [
+            PendingFailureCall(
+                job_id=c.job_id,
+                payload=self._decoded(c.payload, c.content_type),
+                error=decode_error(c.error),
+                attempts=c.attempts,
+                failed_at=ms_to_datetime(c.failed_at),  # type: ignore[arg-type]
+                due_at=ms_to_datetime(c.due_at),  # type: ignore[arg-type]
+                tries=c.tries,
+                last_error=decode_error(c.last_error),
+            )
+            for c in self.storage.failure_calls(self.name, offset, limit)
+        ]
+
+    def count_failure_calls(self) -> int:
+        return self.storage.count_failure_calls(self.name)
+
     # -- queue control ----------------------------------------------------------------------
 
     def pause(self) -> None:
@@ -564,10 +590,14 @@ class Queue:
         serde since removed) is shown as its raw bytes rather than hiding the job."""
         if record.payload is None:
             return None
+        return Queue._decoded(record.payload, record.content_type)
+
+    @staticmethod
+    def _decoded(payload: bytes, content_type: str) -> Any:
         try:
-            return serde_for(record.content_type).loads(record.payload)
+            return serde_for(content_type).loads(payload)
         except Exception:  # any decoder error: the job must stay visible
-            return record.payload
+            return payload
 
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the

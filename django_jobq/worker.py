@@ -28,6 +28,7 @@ from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
 from .execution import error_body, make_job
+from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
@@ -65,6 +66,9 @@ class Worker:
         pool: str = "thread",
         autoscale: tuple[int, int] | None = None,
         autoscale_interval: float = 5.0,
+        failure_poll: float | None = None,
+        failure_lease: int | None = None,
+        failure_backoff: tuple[int, int] | None = None,
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -96,6 +100,10 @@ class Worker:
             "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
         }  # fmt: skip
         self._runner = runners[pool](handlers)
+        self._failures = FailureCaller.configured(
+            self.storage, handlers, self.queues, self.worker_id, conf,
+            lease_ms=failure_lease, backoff=failure_backoff, poll=failure_poll,
+        )  # fmt: skip
         self._watchdog = Watchdog()
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
@@ -147,6 +155,7 @@ class Worker:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
         self._apply_configured_limits()
+        self._failures.apply_hooks()
         self._start_threads()
         try:
             self._register()
@@ -206,6 +215,8 @@ class Worker:
                 self._spawn(lambda slot=i: self._handler_loop(slot), f"jobq-handler-{i}")
         self._spawn(self._ack_loop, "jobq-acker")
         self._spawn(self._heartbeat_loop, "jobq-heartbeat")
+        if self._failures.served:  # off the job path: failure handlers never hold a slot
+            self._spawn(lambda: self._failures.run(self._stopping), "jobq-onfail")
 
     def _spawn(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -541,6 +552,8 @@ class Worker:
         for thread in self._threads:
             if thread.name == "jobq-acker":
                 thread.join(timeout=10)
+            elif thread.name == "jobq-onfail":  # a running failure handler gets the grace too
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._runner.stop()
         self._watchdog.stop()
         try:

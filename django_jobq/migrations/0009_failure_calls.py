@@ -33,9 +33,7 @@ class Migration(migrations.Migration):
                 ("last_error", models.JSONField(blank=True, null=True)),
             ],
             options={
-                "indexes": [
-                    models.Index(fields=["queue", "due_at"], name="jobq_failcall_due")
-                ],
+                "indexes": [models.Index(fields=["queue", "due_at"], name="jobq_failcall_due")],
             },
         ),
     ]

@@ -386,7 +386,12 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def settle_failure_call(
-        self, queue: str, call: FailureCall, *, ok: bool, retry_in_ms: int = 0,
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
         error: bytes | None = None,
     ) -> bool:
         """The failure handler ran for a claimed ``call``: ``ok`` deletes the call; else it is

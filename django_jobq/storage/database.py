@@ -1517,7 +1517,12 @@ class DatabaseStorage(Storage):
             return [self._failure_call(row) for row in rows]
 
     def settle_failure_call(
-        self, queue: str, call: FailureCall, *, ok: bool, retry_in_ms: int = 0,
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
         error: bytes | None = None,
     ) -> bool:
         held = self._calls().filter(pk=int(call.call_id), queue=queue, tries=call.tries)

@@ -880,7 +880,12 @@ class MemoryStorage(Storage):
             return out
 
     def settle_failure_call(
-        self, queue: str, call: FailureCall, *, ok: bool, retry_in_ms: int = 0,
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
         error: bytes | None = None,
     ) -> bool:
         with self._cond:

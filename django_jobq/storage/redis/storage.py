@@ -670,12 +670,9 @@ class RedisStorage(Storage):
 
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         k = self.keys(queue)
-        raw = self.scripts.call(
-            "reap",
-            [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead,
-             k.config, k.onfail, k.onfail_prefix],
-            [self._now_arg(), self.events_maxlen, limit],
-        )
+        keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead]
+        keys += [k.config, k.onfail, k.onfail_prefix]
+        raw = self.scripts.call("reap", keys, [self._now_arg(), self.events_maxlen, limit])
         promoted, n_requeued = raw[0], raw[1]
         ids = [_s(x) for x in raw[2:]]
         return ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
@@ -734,7 +731,12 @@ class RedisStorage(Storage):
         return [_failure_call(queue, raw[i : i + 10]) for i in range(0, len(raw), 10)]
 
     def settle_failure_call(
-        self, queue: str, call: FailureCall, *, ok: bool, retry_in_ms: int = 0,
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
         error: bytes | None = None,
     ) -> bool:
         k = self.keys(queue)
