@@ -7,7 +7,8 @@ Threads and why:
   after shutdown has released its job;
 - acker: sends finished jobs' verdicts in batches (one round trip for many), then frees slots;
 - heartbeat: extends all leases in one call per queue, refreshes the worker record, and sweeps
-  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper.
+  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper;
+- onfail (only with a failure handler): runs failure-handler calls (``failures.py``).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -224,3 +225,31 @@ def test_bad_failure_settings_are_refused_at_worker_construction(live_storage):
         Worker([Q], storage=live_storage, handlers=registry_with(), failure_backoff=(10, 5))
     with pytest.raises(ConfigurationError, match="failure_lease"):
         Worker([Q], storage=live_storage, handlers=registry_with(), failure_lease=0)
+
+
+@pytest.mark.redis
+def test_jobq_dead_calls_lists_pending_calls_with_their_last_error(settings, redis_prefix, capsys):
+    from django.core.management import call_command
+
+    from django_jobq.execution import error_body
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "PREFIX": redis_prefix}
+    queue = Queue(Q)
+    queue.storage.set_failure_hook(Q, True)
+    for job_id in ("k1", "k2"):
+        queue.enqueue(job_id, {"n": job_id}, max_attempts=1)
+        [claimed] = queue.storage.claim(Q, "w", 1, 5000).jobs
+        queue.storage.fail(Q, job_id, claimed.token, b'{"type": "KeyError", "message": "k"}')
+    [call] = queue.storage.claim_failure_calls(Q, "w", 1, 60_000)
+    body = error_body(OSError("pager down"))
+    assert queue.storage.settle_failure_call(Q, call, ok=False, retry_in_ms=60_000, error=body)
+    call_command("jobq_dead", "calls", Q)
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [(x["id"], x["tries"], x["last_error"]) for x in lines] == [
+        ("k2", 0, None), ("k1", 1, "builtins.OSError: pager down"),
+    ]  # fmt: skip
+    assert lines[0]["error"] == "KeyError: k"
+    assert "2 failure-handler call(s) pending" in captured.err
+    call_command("jobq_dead", "list", Q)
+    assert "2 dead letter(s), 2 failure-handler call(s) pending" in capsys.readouterr().err
