@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -10,6 +11,7 @@ import pytest
 
 from django_jobq import FailedJob, JobState, PermanentError
 from django_jobq.errors import ConfigurationError
+from django_jobq.job import JobOptions, NewJob
 from django_jobq.queue import Queue
 from django_jobq.registry import HandlerRegistry
 from django_jobq.worker import Worker
@@ -199,6 +201,31 @@ def test_an_operator_retry_then_a_second_failure_is_a_second_call(run_worker, qu
     assert wait_until(lambda: len(recorder.calls) == 2, 10)
     time.sleep(QUIET)
     assert recorder.ids() == ["twice-9", "twice-9"]
+
+
+def test_a_payload_that_does_not_decode_reaches_the_failure_handler_as_raw_bytes(
+    run_worker, live_storage
+):
+    recorder = Recorder()
+    run_worker(registry_with(recorder))
+    live_storage.enqueue(Q, NewJob("garbled", b"{not json", JobOptions(max_attempts=3)))
+    assert wait_until(lambda: len(recorder.calls) == 1, 10)
+    [(payload, job, error, _)] = recorder.calls
+    assert payload == b"{not json" and job.raw_payload == b"{not json"
+    assert error["type"] == "MalformedPayload"
+
+
+def test_an_async_failure_handler_is_awaited(run_worker, queue):
+    seen: list[str] = []
+
+    async def notify(payload, job, error):
+        await asyncio.sleep(0)
+        seen.append(job.id)
+
+    run_worker(registry_with(notify))
+    queue.enqueue("async-1", {"n": 1, "permanent": True})
+    assert wait_until(lambda: seen == ["async-1"], 10)
+    assert wait_until(lambda: queue.count_failure_calls() == 0, 5)
 
 
 def test_the_on_failure_decorator_and_handler_option_register_one_function():
