@@ -1,4 +1,5 @@
-"""A runworker process killed while its failure handler runs: the call runs again (Redis)."""
+"""A runworker process killed while its failure handler runs: the call runs again, on Redis and
+on the database backend (SQLite, PostgreSQL) with real worker processes."""
 
 from __future__ import annotations
 
@@ -6,23 +7,39 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from django_jobq.queue import Queue
-from django_jobq.storage.redis.storage import RedisStorage
 
 from .helpers import Spawner, wait_until
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 Q = "tests-onfail"
 LEASE_MS = 2000  # the failure call's lease: how long a killed worker's call waits
+ALIASES = {"sqlite": "default", "postgres": "pg"}
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "sqlite",
+                        pytest.param("postgres", marks=pytest.mark.postgres)])  # fmt: skip
+def backend(request):
+    return request.param
 
 
 @pytest.fixture
-def spawn(redis_prefix, tmp_path):
-    spawner = Spawner(
-        tmp_path,
-        {"JOBQ_TEST_PREFIX": redis_prefix, "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3")},
-    )
+def spawn(backend, request, tmp_path):
+    if backend == "redis":
+        env = {
+            "JOBQ_TEST_PREFIX": request.getfixturevalue("redis_prefix"),
+            "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3"),
+        }
+    else:  # the test databases, not the ones the settings name outside tests
+        env = {
+            "JOBQ_TEST_BACKEND": "database",
+            "JOBQ_TEST_DB_ALIAS": ALIASES[backend],
+            "JOBQ_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+            "JOBQ_TEST_PG_DB": connections["pg"].settings_dict["NAME"],
+        }
+    spawner = Spawner(tmp_path, env)
     yield spawner
     spawner.stop_all()
 
@@ -33,9 +50,9 @@ def lines(path: Path, kind: str) -> list[list[str]]:
 
 
 def test_a_worker_killed_during_the_failure_handler_leaves_the_call_to_run_again(
-    spawn, redis_client, redis_prefix, tmp_path
+    spawn, live_storage, tmp_path
 ):
-    queue = Queue(Q, storage=RedisStorage(redis_client, prefix=redis_prefix))
+    queue = Queue(Q, storage=live_storage)
     ledger = tmp_path / "ledger.txt"
     args = ("runworker", Q, "--failure-lease", str(LEASE_MS), "--reap-interval", "0")
     victim = spawn(*args, log="victim")
