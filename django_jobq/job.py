@@ -243,6 +243,7 @@ class FailureCall:
     due_at: int  # epoch ms: when it is (next) claimable; while leased, the lease's end
     tries: int  # claims so far; also the fence a settle must present
     last_error: bytes | None = None  # JSON of the failure handler's own last error
+    worker: str | None = None  # the worker that claimed it last (None: never claimed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +370,7 @@ class PendingFailureCall:
     due_at: dt.datetime  # next try (while one runs: when its lease ends)
     tries: int  # calls so far
     last_error: dict[str, Any] | None  # the failure handler's own last error
+    worker: str | None  # the worker that claimed it last (None: never claimed)
 
 
 @dataclass(frozen=True, slots=True)

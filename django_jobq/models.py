@@ -431,6 +431,7 @@ class FailureCall(models.Model):
     due_at = models.DateTimeField()
     tries = models.PositiveIntegerField(default=0)  # claims so far: the settle's fence
     last_error = models.JSONField(null=True, blank=True)  # the failure handler's own
+    worker = models.CharField(max_length=128, blank=True, default="")  # last claimed by
 
     class Meta:
         indexes = [models.Index(fields=["queue", "due_at"], name="jobq_failcall_due")]

@@ -435,6 +435,7 @@ class Queue:
                 due_at=ms_to_datetime(c.due_at),  # type: ignore[arg-type]
                 tries=c.tries,
                 last_error=decode_error(c.last_error),
+                worker=c.worker,
             )
             for c in self.storage.failure_calls(self.name, offset, limit)
         ]

@@ -273,8 +273,8 @@ def test_jobq_dead_calls_lists_pending_calls_with_their_last_error(settings, red
     call_command("jobq_dead", "calls", Q)
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
-    assert [(x["id"], x["tries"], x["last_error"]) for x in lines] == [
-        ("k2", 0, None), ("k1", 1, "builtins.OSError: pager down"),
+    assert [(x["id"], x["tries"], x["worker"], x["last_error"]) for x in lines] == [
+        ("k2", 0, None, None), ("k1", 1, "w", "builtins.OSError: pager down"),
     ]  # fmt: skip
     assert lines[0]["error"] == "KeyError: k"
     assert "2 failure-handler call(s) pending" in captured.err

@@ -31,6 +31,7 @@ class Migration(migrations.Migration):
                 ("due_at", models.DateTimeField()),
                 ("tries", models.PositiveIntegerField(default=0)),
                 ("last_error", models.JSONField(blank=True, null=True)),
+                ("worker", models.CharField(blank=True, default="", max_length=128)),
             ],
             options={
                 "indexes": [models.Index(fields=["queue", "due_at"], name="jobq_failcall_due")],

@@ -381,7 +381,8 @@ class Storage(abc.ABC):
         self, queue: str, worker_id: str, count: int, lease_ms: int
     ) -> list[FailureCall]:
         """Lease up to ``count`` due calls (due time <= now, oldest due first) in one atomic
-        step: each one's due time becomes ``now + lease_ms`` and its ``tries`` goes up by one.
+        step: each one's due time becomes ``now + lease_ms``, its ``tries`` goes up by one and
+        its ``worker`` becomes ``worker_id``.
         The returned calls carry the new ``tries``, the fence ``settle_failure_call`` checks."""
 
     @abc.abstractmethod

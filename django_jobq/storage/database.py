@@ -1470,8 +1470,8 @@ class DatabaseStorage(Storage):
         at = self._param_dt(now)
         self._sql(
             f"INSERT INTO {self._quoted(self.FailureCallRow)} (queue, job_id, payload,"
-            " content_type, error, attempts, failed_at, due_at, tries)"
-            " SELECT j.queue, %s, j.payload, j.content_type, j.error, j.attempts, %s, %s, 0"
+            " content_type, error, attempts, failed_at, due_at, tries, worker)"
+            " SELECT j.queue, %s, j.payload, j.content_type, j.error, j.attempts, %s, %s, 0, ''"
             f" FROM {self._table} j JOIN {self._quoted(self.QueueConfig)} c"
             " ON c.name = j.queue AND c.failure_hook = %s WHERE j.id = %s",
             [job_id, at, at, True, pk],
@@ -1479,6 +1479,7 @@ class DatabaseStorage(Storage):
         )
 
     def _calls(self):
+        self._drop_broken_connection()  # the worker's failure thread holds its connection long
         return self.FailureCallRow.objects.using(self.using)
 
     def set_failure_hook(self, queue: str, enabled: bool) -> None:
@@ -1495,7 +1496,7 @@ class DatabaseStorage(Storage):
         return FailureCall(
             row.queue, str(row.pk), row.job_id, bytes(row.payload), row.content_type,
             _json_bytes(row.error) or b"", row.attempts, _ms(row.failed_at), _ms(row.due_at),
-            row.tries, _json_bytes(row.last_error),
+            row.tries, _json_bytes(row.last_error), row.worker or None,
         )  # fmt: skip
 
     def claim_failure_calls(
@@ -1511,7 +1512,7 @@ class DatabaseStorage(Storage):
             if not pks:
                 return []
             self._calls().filter(pk__in=pks).update(
-                due_at=_dt(now + lease_ms), tries=F("tries") + 1
+                due_at=_dt(now + lease_ms), tries=F("tries") + 1, worker=worker_id
             )
             rows = self._calls().filter(pk__in=pks).order_by("due_at", "id")
             return [self._failure_call(row) for row in rows]

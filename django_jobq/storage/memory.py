@@ -874,7 +874,9 @@ class MemoryStorage(Storage):
             due = [c for c in self._pending_calls(queue) if c.due_at <= now][:count]
             out = []
             for call in due:
-                leased = replace(call, due_at=now + lease_ms, tries=call.tries + 1)
+                leased = replace(
+                    call, due_at=now + lease_ms, tries=call.tries + 1, worker=worker_id
+                )
                 q.failure_calls[call.call_id] = leased
                 out.append(leased)
             return out

@@ -54,6 +54,8 @@ def test_a_permanent_failure_records_one_call_with_a_copy_of_the_job(hooked, clo
     assert json.loads(call.error)["message"] == "boom"
     assert (call.attempts, call.failed_at, call.tries) == (1, clock.now, 1)
     assert call.due_at == clock.now + LEASE and call.last_error is None
+    assert call.worker == "w1"
+    assert hooked.failure_calls(Q)[0].worker == "w1"
 
 
 def test_a_permanent_error_and_a_stalled_out_job_both_record_a_call(hooked, clock):
@@ -87,7 +89,7 @@ def test_a_claimed_call_is_leased_until_its_lease_ends(hooked, clock):
     assert hooked.claim_failure_calls(Q, "w2", 10, LEASE) == []
     clock.advance(LEASE)
     [again] = hooked.claim_failure_calls(Q, "w2", 10, LEASE)
-    assert (again.call_id, again.tries) == (first.call_id, 2)
+    assert (again.call_id, again.tries, again.worker) == (first.call_id, 2, "w2")
 
 
 def test_a_successful_call_is_deleted(hooked):

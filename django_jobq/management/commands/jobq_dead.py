@@ -76,6 +76,7 @@ class Command(BaseCommand):
                 "failed_at": call.failed_at.isoformat(),
                 "due_at": call.due_at.isoformat(),
                 "tries": call.tries,
+                "worker": call.worker,
                 "error": f"{error.get('type', '?')}: {error.get('message', '')}",
                 "last_error": f"{last.get('type', '?')}: {last.get('message', '')}"
                 if last

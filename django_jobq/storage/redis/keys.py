@@ -112,7 +112,7 @@ class QueueKeys:
 
     def onfail_call(self, member: str) -> str:
         """HASH of one failure call: id, payload, ctype, error, attempts, failed, tries,
-        last_error (a copy, independent of the job record's TTL)."""
+        last_error, worker (a copy, independent of the job record's TTL)."""
         return self.onfail_prefix + member
 
     @property

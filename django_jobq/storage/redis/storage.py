@@ -118,14 +118,17 @@ def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecor
     )
 
 
-_CALL_FIELDS = ("id", "payload", "ctype", "error", "attempts", "failed", "tries", "last_error")
+_CALL_FIELDS = (
+    "id", "payload", "ctype", "error", "attempts", "failed", "tries", "last_error", "worker",
+)  # fmt: skip
 
 
 def _failure_call(queue: str, f: Sequence[Any]) -> FailureCall:
-    """From (member, id, payload, ctype, error, attempts, failed, due, tries, last_error)."""
+    """From (member, id, payload, ctype, error, attempts, failed, due, tries, last_error,
+    worker)."""
     return FailureCall(
         queue, _s(f[0]), _s(f[1]), f[2] or b"", _opt_s(f[3]) or "json", f[4] or b"", _i(f[5]),
-        _i(f[6]), int(f[7]), _i(f[8]), f[9] or None,
+        _i(f[6]), int(f[7]), _i(f[8]), f[9] or None, _opt_s(f[10]) or None,
     )  # fmt: skip
 
 
@@ -726,9 +729,11 @@ class RedisStorage(Storage):
     ) -> list[FailureCall]:
         k = self.keys(queue)
         raw = self.scripts.call(
-            "onfail_claim", [k.onfail, k.onfail_prefix], [self._now_arg(), count, lease_ms]
+            "onfail_claim",
+            [k.onfail, k.onfail_prefix],
+            [self._now_arg(), count, lease_ms, worker_id],
         )
-        return [_failure_call(queue, raw[i : i + 10]) for i in range(0, len(raw), 10)]
+        return [_failure_call(queue, raw[i : i + 11]) for i in range(0, len(raw), 11)]
 
     def settle_failure_call(
         self,
