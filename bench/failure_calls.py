@@ -6,8 +6,8 @@ claiming + settling the recorded calls.
 1. ``fail_off_per_s`` / ``fail_on_per_s``: jobs failed for good per second through
    ``ack_many`` batches of 100 (one pipelined round trip each), with the queue's failure hook off,
    then on (each permanent failure then also records a call in the same script).
-2. ``claim_settle_per_s``: recorded calls claimed 10 at a time and settled ok one by one, as the
-   worker's failure thread does (without running a failure handler).
+2. ``claim_settle_per_s``: recorded calls claimed one at a time and settled ok, as the worker's
+   failure thread does (without running a failure handler): two round trips a call.
 
 Median of ``--runs``. Uses its own key prefix and deletes only its keys. One JSON line out.
 """
@@ -47,7 +47,7 @@ def fail_all(storage: RedisStorage, jobs: int) -> float:
 
 def drain_calls(storage: RedisStorage) -> tuple[int, float]:
     done, start = 0, time.perf_counter()
-    while calls := storage.claim_failure_calls(Q, "bench", 10, 600_000):
+    while calls := storage.claim_failure_calls(Q, "bench", 1, 600_000):
         for call in calls:
             assert storage.settle_failure_call(Q, call, ok=True)
             done += 1
