@@ -234,6 +234,26 @@ class QueueLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureCall:
+    """A pending call of a queue's failure handler, recorded in the same atomic step that
+    failed the job for good. It carries its own copy of what the handler needs, so the call
+    survives the job record's ``result_ttl`` and a successor taking the id over."""
+
+    queue: str
+    call_id: str  # the backend's name of this call (unique per permanent failure)
+    job_id: str
+    payload: bytes
+    content_type: str
+    error: bytes  # JSON {type, message, traceback} of the failure
+    attempts: int  # runs the job used
+    failed_at: int  # epoch ms
+    due_at: int  # epoch ms: when it is (next) claimable; while leased, the lease's end
+    tries: int  # claims so far; also the fence a settle must present
+    last_error: bytes | None = None  # JSON of the failure handler's own last error
+    worker: str | None = None  # the worker that claimed it last (None: never claimed)
+
+
+@dataclass(frozen=True, slots=True)
 class FinalOutcome:
     """A finished job as told to a waiter: its final state and result or error bytes."""
 
@@ -329,6 +349,35 @@ class DeadLetter:
     @property
     def error(self) -> dict[str, Any] | None:
         return self.status.error
+
+
+@dataclass(frozen=True, slots=True)
+class FailedJob:
+    """The job a failure handler is told about: a copy taken when it failed for good (its
+    record may have expired or been replaced by then)."""
+
+    id: str
+    queue: str
+    attempts: int  # runs it used
+    failed_at: dt.datetime
+    content_type: str
+    raw_payload: bytes  # the payload as enqueued, whether or not it decodes
+    tries: int  # this call of the failure handler: 1 the first time, 2 after one failed, ...
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFailureCall:
+    """A failure-handler call that has not succeeded yet (``Queue.failure_calls``)."""
+
+    job_id: str
+    payload: Any  # decoded (raw bytes when it does not decode)
+    error: dict[str, Any] | None  # the job's failure
+    attempts: int
+    failed_at: dt.datetime
+    due_at: dt.datetime  # next try (while one runs: when its lease ends)
+    tries: int  # calls so far
+    last_error: dict[str, Any] | None  # the failure handler's own last error
+    worker: str | None  # the worker that claimed it last (None: never claimed)
 
 
 @dataclass(frozen=True, slots=True)

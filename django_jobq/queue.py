@@ -30,6 +30,7 @@ from .job import (
     JobStatus,
     JobUpdate,
     NewJob,
+    PendingFailureCall,
     QueueLimits,
     RetryOutcome,
     RunAtUpdate,
@@ -436,6 +437,32 @@ class Queue:
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
         return self.storage.purge_dead(self.name, ids)
 
+    # -- failure handler calls --------------------------------------------------------------
+
+    def failure_calls(self, *, offset: int = 0, limit: int = 100) -> list[PendingFailureCall]:
+        """Failure-handler calls not yet done (waiting, running, or backing off after the
+        failure handler raised), soonest due first: what an operator checks when a failure
+        handler keeps failing (``last_error``)."""
+        offset = validate_positive_int("offset", offset, minimum=0)
+        limit = validate_positive_int("limit", limit)
+        return [
+            PendingFailureCall(
+                job_id=c.job_id,
+                payload=self._decoded(c.payload, c.content_type),
+                error=decode_error(c.error),
+                attempts=c.attempts,
+                failed_at=ms_to_datetime(c.failed_at),  # type: ignore[arg-type]
+                due_at=ms_to_datetime(c.due_at),  # type: ignore[arg-type]
+                tries=c.tries,
+                last_error=decode_error(c.last_error),
+                worker=c.worker,
+            )
+            for c in self.storage.failure_calls(self.name, offset, limit)
+        ]
+
+    def count_failure_calls(self) -> int:
+        return self.storage.count_failure_calls(self.name)
+
     # -- queue control ----------------------------------------------------------------------
 
     def pause(self) -> None:
@@ -584,11 +611,15 @@ class Queue:
         serde since removed) is shown as its raw bytes rather than hiding the job."""
         if record.payload is None:
             return None
+        return Queue._decoded(record.payload, record.content_type)
+
+    @staticmethod
+    def _decoded(payload: bytes, content_type: str) -> Any:
         try:
-            value = serde_for(record.content_type).loads(record.payload)
+            value = serde_for(content_type).loads(payload)
         except Exception:  # any decoder error: the job must stay visible
-            return record.payload
-        return envelope.unwrap(record.content_type, value)[0]
+            return payload
+        return envelope.unwrap(content_type, value)[0]
 
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the

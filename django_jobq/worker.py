@@ -7,7 +7,8 @@ Threads and why:
   after shutdown has released its job;
 - acker: sends finished jobs' verdicts in batches (one round trip for many), then frees slots;
 - heartbeat: extends all leases in one call per queue, refreshes the worker record, and sweeps
-  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper.
+  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper;
+- onfail (only with a failure handler): runs failure-handler calls (``failures.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .conf import configured_limits, get_storage, jobq_settings
 from .envelope import is_enveloped
 from .errors import ConfigurationError, JobCancelled
 from .execution import error_body, job_timeouts, make_job
+from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
@@ -71,6 +73,9 @@ class Worker:
         pool: str = "thread",
         autoscale: tuple[int, int] | None = None,
         autoscale_interval: float = 5.0,
+        failure_poll: float | None = None,
+        failure_lease: int | None = None,
+        failure_backoff: tuple[int, int] | None = None,
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -102,6 +107,10 @@ class Worker:
             "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
         }  # fmt: skip
         self._runner = runners[pool](handlers)
+        self._failures = FailureCaller.configured(
+            self.storage, handlers, self.queues, self.worker_id, conf,
+            lease_ms=failure_lease, backoff=failure_backoff, poll=failure_poll,
+        )  # fmt: skip
         self._watchdog = Watchdog()
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
@@ -153,6 +162,7 @@ class Worker:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
         self._apply_configured_limits()
+        self._failures.apply_hooks()
         self._start_threads()
         try:
             self._register()
@@ -212,6 +222,8 @@ class Worker:
                 self._spawn(lambda slot=i: self._handler_loop(slot), f"jobq-handler-{i}")
         self._spawn(self._ack_loop, "jobq-acker")
         self._spawn(self._heartbeat_loop, "jobq-heartbeat")
+        if self._failures.served:  # off the job path: failure handlers never hold a slot
+            self._spawn(lambda: self._failures.run(self._stopping), "jobq-onfail")
 
     def _spawn(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -567,6 +579,8 @@ class Worker:
         for thread in self._threads:
             if thread.name == "jobq-acker":
                 thread.join(timeout=10)
+            elif thread.name == "jobq-onfail":  # a running failure handler gets the grace too
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._runner.stop()
         self._watchdog.stop()
         try:

@@ -115,6 +115,17 @@ def test_overview_shows_live_counts_and_pause_resume_goes_through_the_queue(admi
     assert not jobq.queue.is_paused()
 
 
+def test_overview_counts_failure_handler_calls_not_done_yet(admin_client, jobq):
+    jobq.storage.set_failure_hook(Q, True)
+    jobq.failed("f1")
+    jobq.failed("f2")
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    row = next(r for r in page.context["rows"] if r["name"] == Q)
+    assert (row["dead"], row["failure_calls"]) == (2, 2)
+    assert b"(2&nbsp;pending)" in page.content
+
+
 def test_auto_refresh_takes_only_the_offered_periods(admin_client, jobq):
     url = reverse("admin:django_jobq_queueconfig_changelist")
     assert b'http-equiv="refresh" content="10"' in admin_client.get(url, {"refresh": "10"}).content

@@ -48,6 +48,24 @@ def fail(job):
     raise ValueError(f"boom on attempt {job.attempt}")
 
 
+def onfail_ledger(payload, job, error):
+    """Failure handler of tests-onfail: appends "start <id> <pid> <tries>", sleeps
+    payload["first_call_seconds"] on its first call only, then appends "end <id> <pid> <tries>"
+    (tests/test_failure_processes.py kills the worker in between)."""
+    path = Path(payload["ledger"])
+    with path.open("a") as fh:
+        fh.write(f"start {job.id} {os.getpid()} {job.tries} {error['type']}\n")
+    if job.tries == 1:
+        time.sleep(payload.get("first_call_seconds", 0))
+    with path.open("a") as fh:
+        fh.write(f"end {job.id} {os.getpid()} {job.tries} {error['type']}\n")
+
+
+@handler("tests-onfail", on_failure=onfail_ledger)
+def onfail(job):
+    raise PermanentError("fails for the failure handler")
+
+
 # -- Celery tasks run by django_jobq (tests/test_celery_interop.py) ---------------------------
 
 
