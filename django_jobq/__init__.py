@@ -20,9 +20,11 @@ from .job import (
     DeadLetter,
     EnqueueOutcome,
     EnqueueResult,
+    FailedJob,
     Job,
     JobResult,
     JobStatus,
+    PendingFailureCall,
     QueueLimits,
     RetryOutcome,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "DeadLetter",
     "EnqueueOutcome",
     "EnqueueResult",
+    "FailedJob",
     "InvalidJobId",
     "InvalidOption",
     "InvalidQueueName",
@@ -46,6 +49,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "PayloadTooLarge",
+    "PendingFailureCall",
     "PermanentError",
     "Queue",
     "QueueBusy",
@@ -57,6 +61,7 @@ __all__ = [
     "ValidationError",
     "get_queue",
     "handler",
+    "on_failure",
 ]
 
 
@@ -67,8 +72,8 @@ def __getattr__(name: str):
         from . import queue
 
         return getattr(queue, name)
-    if name == "handler":
-        from .registry import handler
+    if name in ("handler", "on_failure"):
+        from . import registry
 
-        return handler
+        return getattr(registry, name)
     raise AttributeError(name)

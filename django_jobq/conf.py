@@ -58,6 +58,14 @@ DEFAULTS: dict[str, Any] = {
         "lease": 30_000,  # ms a claim is valid without a heartbeat
         "grace": 30.0,  # seconds in-flight jobs get to finish on SIGTERM
         "reap_interval": 5.0,  # seconds between a worker's own stalled-job sweeps (0: off)
+        # Failure handlers (docs/failures.md): a call's lease (ms; a worker killed while one
+        # runs leaves it to run again after this), the backoff of a failure handler that
+        # raised (ms: failure_backoff doubling up to failure_max_backoff), and how often a
+        # worker looks for due calls (seconds).
+        "failure_lease": 300_000,
+        "failure_backoff": 60_000,
+        "failure_max_backoff": 86_400_000,
+        "failure_poll": 1.0,
     },
     "REAPER": {"interval": 1.0, "batch": 1000},
     # "redis": an accepted enqueue lives in Redis only (fastest). "journal" (Redis backend

@@ -120,3 +120,13 @@ class RateLimited(Exception):  # noqa: N818 - a signal from a handler, named for
             raise ValueError(f"retry_in must be a number of seconds >= 0, got {retry_in!r}")
         self.retry_in = retry_in
         self.queue_wide = queue_wide
+
+
+class FlowError(InvalidOption):
+    """A flow that cannot be enqueued (a cycle, one job defined twice differently): refused
+    before any of its jobs is stored."""
+
+
+class ChildFailed(PermanentError):
+    """A flow parent whose child failed, was cancelled or vanished, under the default
+    ``on_child_failure="fail"``: the parent fails for good without running."""

@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import HardTimeout, PermanentError, RateLimited, SerializationError
-from .job import ClaimedJob, Job
+from . import envelope
+from .errors import ChildFailed, HardTimeout, PermanentError, RateLimited, SerializationError
+from .job import PARKED_MS, ChildOutcome, ClaimedJob, Job
 from .queue import serde_for
 from .registry import HandlerRegistry
+from .states import JobState
 from .storage.base import Ack
 
 logger = logging.getLogger("django_jobq.worker")
@@ -93,9 +95,12 @@ def prepare(
     """Decode the payload and find the handler; an Ack instead when the job cannot run at all
     (malformed payload, no handler): those fail permanently, since retrying would not help."""
     label = f"[{claimed.queue}/{claimed.job_id}]"
+    meta: dict[str, Any] = {}
     try:
         serde = serde_for(claimed.content_type)
         payload = serde.loads(claimed.payload)
+        if envelope.is_enveloped(claimed.content_type):
+            payload, meta = envelope.unwrap(claimed.content_type, payload)
     except Exception as exc:  # malformed bytes must not take the worker down
         logger.error("%s malformed payload, failing it: %s", label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "MalformedPayload"),
@@ -110,8 +115,62 @@ def prepare(
         job = make_job(claimed, payload)
     else:
         job.payload = payload
+    flow = meta.get("flow")
+    if isinstance(flow, dict):
+        held = _flow_parent(claimed, flow, job, label)
+        if held is not None:
+            return held
     logger.debug("%s starting attempt %d/%d", label, claimed.attempt, claimed.max_attempts)
     return Prepared(func, job, serde, label)
+
+
+def _flow_parent(claimed: ClaimedJob, flow: dict[str, Any], job: Job, label: str) -> Ack | None:
+    """A flow parent gets its children's outcomes; None: run the handler. A parent started
+    before its children finished (an operator's "run now") is parked again; one whose child
+    failed, under ``on_child_failure="fail"``, fails for good without running."""
+    results = flow.get("results")
+    if not isinstance(results, list):
+        logger.warning("%s flow parent started before its children finished: parked again", label)
+        wait = max(0, PARKED_MS - int(time.time() * 1000))
+        return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait)
+    job.children = tuple(
+        ChildOutcome(str(r[0]), str(r[1]), JobState(r[2]), r[3], r[4]) for r in results
+    )
+    bad = [c for c in job.children if not c.ok]
+    if bad and flow.get("on_child_failure", "fail") == "fail":
+        first = bad[0]
+        reason = (first.error or {}).get("message") or first.state.value
+        exc = ChildFailed(
+            f"{len(bad)} of {len(job.children)} children did not complete;"
+            f" {first.queue}/{first.job_id} {first.state.value}: {reason}"
+        )
+        logger.warning("%s %s", label, exc)
+        return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
+    return None
+
+
+def job_timeouts(
+    claimed: ClaimedJob, registry: HandlerRegistry
+) -> tuple[float | None, float | None]:
+    """(soft, hard) timeout of one job in seconds: its own (``enqueue(..., timeout=,
+    hard_timeout=)``, from its envelope) over its handler's."""
+    options = registry.options(claimed.queue)
+    soft, hard = options.timeout, options.hard_timeout
+    if envelope.is_enveloped(claimed.content_type):
+        try:
+            value = serde_for(claimed.content_type).loads(claimed.payload)
+        except Exception:  # noqa: BLE001 - malformed: prepare() fails it, no timeout needed
+            return soft, hard
+        meta = envelope.unwrap(claimed.content_type, value)[1]
+        soft = _positive(meta.get("timeout"), soft)
+        hard = _positive(meta.get("hard_timeout"), hard)
+    return soft, hard
+
+
+def _positive(value: Any, default: float | None) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return default
 
 
 def error_verdict(

@@ -23,6 +23,13 @@ LOG_LINE_MAX = 2000
 #: The largest progress value, as JSON: progress is a status line, not a result channel.
 PROGRESS_MAX_BYTES = 16 * 1024
 
+#: Due time (epoch ms, 9000-01-01) of a flow parent parked until its children finish: later
+#: than any real schedule, yet exact as a double score and inside datetime's range.
+PARKED_MS = 221_845_392_000_000
+#: Anything due after this counts as parked: a parent parked again by a worker is due at
+#: PARKED_MS as that worker's clock reckons, a little off the storage's.
+PARKED_FLOOR = PARKED_MS - 365 * 24 * 3600 * 1000
+
 #: Sends (progress JSON or None, log line or None) for the running attempt; False: lease lost.
 Reporter = Callable[[bytes | None, str | None], bool]
 
@@ -230,6 +237,26 @@ class QueueLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureCall:
+    """A pending call of a queue's failure handler, recorded in the same atomic step that
+    failed the job for good. It carries its own copy of what the handler needs, so the call
+    survives the job record's ``result_ttl`` and a successor taking the id over."""
+
+    queue: str
+    call_id: str  # the backend's name of this call (unique per permanent failure)
+    job_id: str
+    payload: bytes
+    content_type: str
+    error: bytes  # JSON {type, message, traceback} of the failure
+    attempts: int  # runs the job used
+    failed_at: int  # epoch ms
+    due_at: int  # epoch ms: when it is (next) claimable; while leased, the lease's end
+    tries: int  # claims so far; also the fence a settle must present
+    last_error: bytes | None = None  # JSON of the failure handler's own last error
+    worker: str | None = None  # the worker that claimed it last (None: never claimed)
+
+
+@dataclass(frozen=True, slots=True)
 class FinalOutcome:
     """A finished job as told to a waiter: its final state and result or error bytes."""
 
@@ -328,10 +355,54 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedJob:
+    """The job a failure handler is told about: a copy taken when it failed for good (its
+    record may have expired or been replaced by then)."""
+
+    id: str
+    queue: str
+    attempts: int  # runs it used
+    failed_at: dt.datetime
+    content_type: str
+    raw_payload: bytes  # the payload as enqueued, whether or not it decodes
+    tries: int  # this call of the failure handler: 1 the first time, 2 after one failed, ...
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFailureCall:
+    """A failure-handler call that has not succeeded yet (``Queue.failure_calls``)."""
+
+    job_id: str
+    payload: Any  # decoded (raw bytes when it does not decode)
+    error: dict[str, Any] | None  # the job's failure
+    attempts: int
+    failed_at: dt.datetime
+    due_at: dt.datetime  # next try (while one runs: when its lease ends)
+    tries: int  # calls so far
+    last_error: dict[str, Any] | None  # the failure handler's own last error
+    worker: str | None  # the worker that claimed it last (None: never claimed)
+
+
+@dataclass(frozen=True, slots=True)
 class JobResult:
     state: JobState
     value: Any = None
     error: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is JobState.COMPLETED
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """How one child of a flow ended, as its parent's handler receives it."""
+
+    queue: str
+    job_id: str
+    state: JobState  # completed, failed or cancelled; failed too when its record was gone
+    value: Any = None  # the child's result (completed)
+    error: dict[str, Any] | None = None  # the child's error (failed, cancelled, lost)
 
     @property
     def ok(self) -> bool:
@@ -354,6 +425,21 @@ class Job:
     reporter: Reporter | None = field(default=None, repr=False)
     progress: Any = None
     logs: list[str] = field(default_factory=list, repr=False)
+    # A flow parent's children, in the order the flow named them (see flows.py).
+    children: tuple[ChildOutcome, ...] = ()
+
+    @property
+    def child_results(self) -> dict[str, Any]:
+        """Results of the children that completed, by child job id."""
+        return {c.job_id: c.value for c in self.children if c.ok}
+
+    @property
+    def previous_result(self) -> Any:
+        """The result of a chain's previous step: the value of this job's only child."""
+        if len(self.children) != 1:
+            raise ValueError(f"previous_result needs exactly one child, this job has "
+                             f"{len(self.children)}")  # fmt: skip
+        return self.children[0].value
 
     def is_cancelled(self) -> bool:
         """True once the worker wants this job to stop: shutdown past grace, or lease lost."""

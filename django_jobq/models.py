@@ -184,6 +184,9 @@ class QueueConfig(models.Model):
     group_rate_window = models.PositiveIntegerField(null=True, blank=True)  # ms
     # A handler said the upstream service is limited for the whole queue: no claims until then.
     postponed_until = models.DateTimeField(null=True, blank=True)
+    # Permanent failures record a FailureCall (set by workers whose handler has a failure
+    # handler). A database default too: the mirror and raw SQL may insert rows without it.
+    failure_hook = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         verbose_name = "queue"
@@ -440,3 +443,28 @@ class JournalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id}"
+
+
+class FailureCall(models.Model):
+    """A pending call of a queue's failure handler (database backend), written in the same
+    transaction that failed the job for good, with its own copy of what the handler needs so
+    it outlives the job row's ``result_ttl`` and a successor taking the id over. Deleted once
+    the failure handler succeeded; until then leased (``due_at`` = lease end) and backed off."""
+
+    queue = models.CharField(max_length=64)
+    job_id = models.CharField(max_length=160)
+    payload = models.BinaryField(default=b"")
+    content_type = models.CharField(max_length=16, default="json")
+    error = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    failed_at = models.DateTimeField()
+    due_at = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=0)  # claims so far: the settle's fence
+    last_error = models.JSONField(null=True, blank=True)  # the failure handler's own
+    worker = models.CharField(max_length=128, blank=True, default="")  # last claimed by
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "due_at"], name="jobq_failcall_due")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.job_id} failure call ({self.tries} tries)"

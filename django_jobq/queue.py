@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
+from . import envelope
 from .conf import (
     OPTION_NAMES,
     get_storage,
@@ -43,6 +44,7 @@ from .job import (
     JobStatus,
     JobUpdate,
     NewJob,
+    PendingFailureCall,
     QueueLimits,
     RetryOutcome,
     RunAtUpdate,
@@ -71,7 +73,7 @@ def serde_for(content_type: str) -> Serde:
     makes older jobs unreadable."""
     serde = _SERDE_CACHE.get(content_type)
     if serde is None:
-        serde = _SERDE_CACHE[content_type] = get_serde(content_type)
+        serde = _SERDE_CACHE[content_type] = get_serde(envelope.base_type(content_type))
     return serde
 
 
@@ -85,6 +87,12 @@ def _epoch_ms(name: str, value: dt.datetime) -> int:
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
         raise InvalidOption(f"{name} must be a timezone-aware datetime")
     return int(value.timestamp() * 1000)
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+        raise InvalidOption(f"{name} must be a number of seconds in (0, 86400], got {value!r}")
+    return float(value)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -219,9 +227,15 @@ class Queue:
         dedup_key: str | None = None,
         dedup_mode: str | None = None,
         dedup_ttl: int | dt.timedelta | None = None,
+        timeout: float | None = None,
+        hard_timeout: float | None = None,
+        meta: dict[str, Any] | None = None,
         **options: Any,
     ) -> NewJob:
-        """Validate and serialise one job without storing it (what every enqueue path uses)."""
+        """Validate and serialise one job without storing it (what every enqueue path uses).
+
+        ``timeout`` / ``hard_timeout`` (seconds) override the handler's for this job; they and
+        ``meta`` (flows) travel in the job envelope (``envelope.py``)."""
         # 128 random bits as 32 hex characters (uuid4's length, a fifth of its cost).
         job_id = os.urandom(16).hex() if job_id is None else validate_job_id(job_id)
         if options:
@@ -229,7 +243,14 @@ class Queue:
             if unknown:
                 raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")
         resolved = self._resolve_options(options)
-        body = self.serde.dumps(payload)
+        meta = dict(meta or {})
+        for name, value in (("timeout", timeout), ("hard_timeout", hard_timeout)):
+            if value is not None:
+                meta[name] = _seconds(name, value)
+        if meta:
+            body, content_type = envelope.wrap(self.serde, payload, meta)
+        else:
+            body, content_type = self.serde.dumps(payload), self.serde.name
         if len(body) > self.max_payload_bytes:
             raise PayloadTooLarge(len(body), self.max_payload_bytes)
         run_at_ms = None if run_at is None else _epoch_ms("run_at", run_at)
@@ -237,7 +258,7 @@ class Queue:
         if group is not None:
             _key_like_id("group", group)
         return NewJob(
-            job_id, body, resolved, run_at_ms, delay_ms, self.serde.name, waiter,
+            job_id, body, resolved, run_at_ms, delay_ms, content_type, waiter,
             lifo=_flag("lifo", lifo),
             group=group,
             singleton=_flag("singleton", singleton),
@@ -492,6 +513,32 @@ class Queue:
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
         return self.storage.purge_dead(self.name, ids)
 
+    # -- failure handler calls --------------------------------------------------------------
+
+    def failure_calls(self, *, offset: int = 0, limit: int = 100) -> list[PendingFailureCall]:
+        """Failure-handler calls not yet done (waiting, running, or backing off after the
+        failure handler raised), soonest due first: what an operator checks when a failure
+        handler keeps failing (``last_error``)."""
+        offset = validate_positive_int("offset", offset, minimum=0)
+        limit = validate_positive_int("limit", limit)
+        return [
+            PendingFailureCall(
+                job_id=c.job_id,
+                payload=self._decoded(c.payload, c.content_type),
+                error=decode_error(c.error),
+                attempts=c.attempts,
+                failed_at=ms_to_datetime(c.failed_at),  # type: ignore[arg-type]
+                due_at=ms_to_datetime(c.due_at),  # type: ignore[arg-type]
+                tries=c.tries,
+                last_error=decode_error(c.last_error),
+                worker=c.worker,
+            )
+            for c in self.storage.failure_calls(self.name, offset, limit)
+        ]
+
+    def count_failure_calls(self) -> int:
+        return self.storage.count_failure_calls(self.name)
+
     # -- queue control ----------------------------------------------------------------------
 
     def pause(self) -> None:
@@ -640,10 +687,15 @@ class Queue:
         serde since removed) is shown as its raw bytes rather than hiding the job."""
         if record.payload is None:
             return None
+        return Queue._decoded(record.payload, record.content_type)
+
+    @staticmethod
+    def _decoded(payload: bytes, content_type: str) -> Any:
         try:
-            return serde_for(record.content_type).loads(record.payload)
+            value = serde_for(content_type).loads(payload)
         except Exception:  # any decoder error: the job must stay visible
-            return record.payload
+            return payload
+        return envelope.unwrap(content_type, value)[0]
 
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .conf import get_storage, jobq_settings, journal_in_settings
+from .flows import resolve_parked
 from .registry import registry
 from .storage.base import ReapReport, Storage
 
@@ -79,6 +80,10 @@ class Reaper:
             self.last_fired = self.fire_schedules()
         reports = {}
         for name in self.queues():
+            # Flow parents whose children all finished (a crashed worker's missed trigger).
+            released = resolve_parked(self.storage, name)
+            if released:
+                logger.info("%s: released %d flow parents", name, released)
             report = self.storage.reap(name, self.batch)
             # A full batch means more may be waiting: sweep again before sleeping.
             while len(report.requeued) + len(report.failed) + report.promoted >= self.batch:

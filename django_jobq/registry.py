@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigurationError
-from .job import Job
+from .job import FailedJob, Job
 from .validation import validate_queue_name
 
 Handler = Callable[[Job], Any]
+#: Called once per permanent failure with (payload, job, error); see ``on_failure``.
+FailureHandler = Callable[[Any, FailedJob, dict[str, Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
         self._options: dict[str, HandlerOptions] = {}
+        self._failure_handlers: dict[str, FailureHandler] = {}
 
     def register(
         self,
@@ -52,6 +55,7 @@ class HandlerRegistry:
         timeout: float | None = None,
         hard_timeout: float | None = None,
         batch: int | None = None,
+        on_failure: FailureHandler | None = None,
     ) -> Handler:
         validate_queue_name(queue)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
@@ -67,13 +71,32 @@ class HandlerRegistry:
                 f"queue {queue!r} already has handler {_qualname(existing)};"
                 f" cannot also register {_qualname(func)}"
             )
+        if on_failure is not None:
+            self.register_failure_handler(queue, on_failure)
         self._handlers[queue] = func
         self._options[queue] = options
         return func
 
+    def register_failure_handler(self, queue: str, func: FailureHandler) -> FailureHandler:
+        validate_queue_name(queue)
+        if not callable(func):
+            raise ConfigurationError(f"the failure handler of {queue!r} must be callable")
+        existing = self._failure_handlers.get(queue)
+        if existing is not None and _qualname(existing) != _qualname(func):
+            raise ConfigurationError(
+                f"queue {queue!r} already has failure handler {_qualname(existing)};"
+                f" cannot also register {_qualname(func)}"
+            )
+        self._failure_handlers[queue] = func
+        return func
+
+    def failure_handler(self, queue: str) -> FailureHandler | None:
+        return self._failure_handlers.get(queue)
+
     def unregister(self, queue: str) -> None:
         self._handlers.pop(queue, None)
         self._options.pop(queue, None)
+        self._failure_handlers.pop(queue, None)
 
     def options(self, queue: str) -> HandlerOptions:
         return self._options.get(queue) or HandlerOptions()
@@ -105,17 +128,38 @@ def handler(
     timeout: float | None = None,
     hard_timeout: float | None = None,
     batch: int | None = None,
+    on_failure: FailureHandler | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``queue``.
 
     The function receives a ``Job`` (id, payload, attempt, cancellation flag) and returns the
     job's result (JSON-serialisable by default); it may be ``async def``. ``timeout``,
-    ``hard_timeout`` (seconds) and ``batch``: see ``HandlerOptions``.
+    ``hard_timeout`` (seconds) and ``batch``: see ``HandlerOptions``. ``on_failure``: the
+    queue's failure handler (see ``on_failure``).
     """
 
     def decorator(func: Handler) -> Handler:
         return registry.register(
-            queue, func, timeout=timeout, hard_timeout=hard_timeout, batch=batch
-        )
+            queue, func, timeout=timeout, hard_timeout=hard_timeout, batch=batch,
+            on_failure=on_failure,
+        )  # fmt: skip
+
+    return decorator
+
+
+def on_failure(queue: str) -> Callable[[FailureHandler], FailureHandler]:
+    """Register the decorated function as the failure handler of ``queue``.
+
+    It is called as ``func(payload, job, error)`` once per job that fails for good (attempts
+    used up, ``PermanentError``, stalled past ``max_stalls``; not for a cancelled job):
+    ``payload`` decoded as the handler got it (its raw bytes if it does not decode), ``job``
+    a ``FailedJob`` (id, queue, attempts, failed_at, tries), ``error`` the failure's
+    ``{"type", "message", "traceback"}``. Until it returns without raising it is called again
+    with a long backoff (``JOBQ["WORKER"]["failure_backoff"]``), so it runs at least once per
+    failure: make it idempotent (a worker killed while it runs repeats the call).
+    """
+
+    def decorator(func: FailureHandler) -> FailureHandler:
+        return registry.register_failure_handler(queue, func)
 
     return decorator

@@ -7,7 +7,8 @@ Threads and why:
   after shutdown has released its job;
 - acker: sends finished jobs' verdicts in batches (one round trip for many), then frees slots;
 - heartbeat: extends all leases in one call per queue, refreshes the worker record, and sweeps
-  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper.
+  stalled jobs every ``reap_interval`` so recovery does not depend on a separate reaper;
+- onfail (only with a failure handler): runs failure-handler calls (``failures.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from . import flows
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
+from .envelope import is_enveloped
 from .errors import ConfigurationError, JobCancelled
-from .execution import error_body, make_job
+from .execution import error_body, job_timeouts, make_job
+from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
@@ -40,6 +44,10 @@ CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running j
 # Redis restart takes about a second: a longer cap would leave a worker idle for seconds after
 # the server is back; a retry costs one refused connection, so retrying every second is cheap.
 RECONNECT_MAX = 1.0
+
+
+# Verdicts after which a flow child's parents may be released.
+_FINAL = frozenset({AckOutcome.COMPLETED, AckOutcome.FAILED, AckOutcome.CANCELLED})
 
 
 @dataclass(slots=True)
@@ -69,6 +77,9 @@ class Worker:
         pool: str = "thread",
         autoscale: tuple[int, int] | None = None,
         autoscale_interval: float = 5.0,
+        failure_poll: float | None = None,
+        failure_lease: int | None = None,
+        failure_backoff: tuple[int, int] | None = None,
     ) -> None:
         conf = jobq_settings()["WORKER"]
         if not queues:
@@ -100,6 +111,10 @@ class Worker:
             "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
         }  # fmt: skip
         self._runner = runners[pool](handlers)
+        self._failures = FailureCaller.configured(
+            self.storage, handlers, self.queues, self.worker_id, conf,
+            lease_ms=failure_lease, backoff=failure_backoff, poll=failure_poll,
+        )  # fmt: skip
         self._watchdog = Watchdog()
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
@@ -151,6 +166,7 @@ class Worker:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
         self._apply_configured_limits()
+        self._failures.apply_hooks()
         self._start_threads()
         try:
             self._register()
@@ -210,6 +226,8 @@ class Worker:
                 self._spawn(lambda slot=i: self._handler_loop(slot), f"jobq-handler-{i}")
         self._spawn(self._ack_loop, "jobq-acker")
         self._spawn(self._heartbeat_loop, "jobq-heartbeat")
+        if self._failures.served:  # off the job path: failure handlers never hold a slot
+            self._spawn(lambda: self._failures.run(self._stopping), "jobq-onfail")
 
     def _spawn(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -301,7 +319,11 @@ class Worker:
     # -- running ----------------------------------------------------------------------------
 
     def _soft_timeout(self, claimed: ClaimedJob, jobs: list[Job]) -> int | None:
-        timeout = self.handlers.options(claimed.queue).timeout
+        timeout, hard = job_timeouts(claimed, self.handlers)
+        if hard is not None and not self._runner.supports_hard_timeout:
+            # A job's own hard_timeout on the thread pool (the worker refuses handler-wide
+            # ones here): nothing can stop a thread, so it is asked to stop, as a soft one.
+            timeout = hard if timeout is None else min(timeout, hard)
         if timeout is None:
             return None
 
@@ -402,12 +424,27 @@ class Worker:
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
+        flow_children = []
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
-                if self._inflight.pop((name, ack.job_id, ack.token), None) is not None:
+                entry = self._inflight.pop((name, ack.job_id, ack.token), None)
+                if entry is not None:
                     self._free += 1
+                    if outcome in _FINAL and is_enveloped(entry.claimed.content_type):
+                        flow_children.append(entry.claimed)
                 self._count(name, ack, outcome)
             self._cond.notify_all()
+        for claimed in flow_children:
+            self._resolve_parents(claimed)
+
+    def _resolve_parents(self, claimed: ClaimedJob) -> None:
+        """Fast path of flows: a child that finished releases its parents now, not at the
+        next sweep. Errors only delay them until that sweep."""
+        for queue, job_id in flows.parents_of(claimed):
+            try:
+                flows.resolve(self.storage, queue, job_id)
+            except Exception as exc:
+                logger.warning("[%s/%s] flow parent not resolved yet: %s", queue, job_id, exc)
 
     def _count(self, name: str, ack: Ack, outcome: AckOutcome) -> None:
         key = {
@@ -449,6 +486,7 @@ class Worker:
                 if self.reap_interval and time.monotonic() - last_reap >= self.reap_interval:
                     last_reap = time.monotonic()
                     for name in self.queues:
+                        flows.resolve_parked(self.storage, name)
                         report = self.storage.reap(name)
                         if report.requeued or report.failed:
                             logger.warning(
@@ -545,6 +583,8 @@ class Worker:
         for thread in self._threads:
             if thread.name == "jobq-acker":
                 thread.join(timeout=10)
+            elif thread.name == "jobq-onfail":  # a running failure handler gets the grace too
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._runner.stop()
         self._watchdog.stop()
         try:

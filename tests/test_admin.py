@@ -115,6 +115,17 @@ def test_overview_shows_live_counts_and_pause_resume_goes_through_the_queue(admi
     assert not jobq.queue.is_paused()
 
 
+def test_overview_counts_failure_handler_calls_not_done_yet(admin_client, jobq):
+    jobq.storage.set_failure_hook(Q, True)
+    jobq.failed("f1")
+    jobq.failed("f2")
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    row = next(r for r in page.context["rows"] if r["name"] == Q)
+    assert (row["dead"], row["failure_calls"]) == (2, 2)
+    assert b"(2&nbsp;pending)" in page.content
+
+
 def test_auto_refresh_takes_only_the_offered_periods(admin_client, jobq):
     url = reverse("admin:django_jobq_queueconfig_changelist")
     assert b'http-equiv="refresh" content="10"' in admin_client.get(url, {"refresh": "10"}).content
@@ -452,3 +463,23 @@ def test_cancel_and_kill_of_a_running_job_asks_its_worker_through_the_queue(admi
     assert done.status_code == 302
     lease = ("running", claimed.token)
     assert jobq.storage.cancel_requests(Q, [lease]) == {lease: True}  # True: may kill
+
+
+def test_job_pages_link_flow_parents_and_children_and_hide_the_envelope(admin_client, jobq):
+    from django_jobq.flows import enqueue_flow, node
+
+    parent = node(Q, "flow-parent", {"report": 1}, children=[node(Q, "flow-kid", {"n": 1})])
+    enqueue_flow(parent, storage=jobq.storage)
+    jobq.queue.enqueue("timed", {"n": 2}, timeout=5, hard_timeout=9)
+    parent_page = admin_client.get(job_url(jobq, "flow-parent"))
+    kid_url, parent_url = job_url(jobq, "flow-kid"), job_url(jobq, "flow-parent")
+    assert parent_page.context["related"] == [("flow child", f"{Q}/flow-kid (queued)", kid_url)]
+    assert '"report": 1' in parent_page.context["payload"]
+    assert "children" not in parent_page.context["payload"]  # the envelope stays hidden
+    kid_page = admin_client.get(kid_url)
+    assert kid_page.context["related"] == [
+        ("flow parent", f"{Q}/flow-parent (scheduled)", parent_url)
+    ]
+    timed = admin_client.get(job_url(jobq, "timed"))
+    assert timed.context["settings"] == {"timeout": 5.0, "hard_timeout": 9.0}
+    assert "hard_timeout: 9.0s" in timed.content.decode()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
 
+from .. import envelope
 from ..job import ms_to_datetime
 from ..models import Job, Schedule
 from ..states import JobState
@@ -37,6 +39,7 @@ ACTION_STATES = {
 
 def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
     live, live_error = _live_status(job)
+    payload, meta = envelope.unwrap(job.content_type, decode_blob(job.payload, job.content_type))
     return {
         "title": f"Job {job.job_id}",
         "opts": admin.model._meta,
@@ -44,14 +47,15 @@ def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
         "live": live,
         "live_error": live_error,
         "mirror": has_mirror(),
-        "payload": pretty(decode_blob(job.payload, job.content_type)),
+        "payload": pretty(payload),
+        "settings": {k: meta[k] for k in ("timeout", "hard_timeout") if k in meta},
         "result": _result(job),
         "error": job.error if isinstance(job.error, dict) else None,
         "progress": None if job.progress is None else pretty(job.progress),
         "logs": [(ms_to_datetime(at), line) for at, line in (job.logs or [])],
         "events": list(job.events.using(jobs_alias()).order_by("-at", "-id")[:TIMELINE_LIMIT]),
         "timing": _timing(job),
-        "related": related(job),
+        "related": related(job, meta),
         "actions": _actions(request, job),
     }
 
@@ -82,10 +86,15 @@ def _timing(job: Job) -> list[tuple[str, str]]:
     return rows
 
 
-def related(job: Job) -> list[tuple[str, str, str]]:
-    """Links to the job's relatives: the schedule that enqueued it, and for a singleton on the
-    database backend its blocked successor (``<id>~next``) or, from the successor, the job.
-    Exact lookups only: each is one probe of the (queue, job_id) index."""
+#: Flow children listed on a parent's page (a fan-out of thousands would drown the page).
+CHILDREN_SHOWN = 100
+
+
+def related(job: Job, meta: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
+    """Links to the job's relatives: the schedule that enqueued it, its flow parents and
+    children (from its envelope), and for a singleton on the database backend its blocked
+    successor (``<id>~next``) or, from the successor, the job. Exact lookups only: each is a
+    probe of the (queue, job_id) index."""
     links: list[tuple[str, str, str]] = []
     alias = jobs_alias()
     base = job.job_id.split("~", 1)[0]
@@ -101,6 +110,30 @@ def related(job: Job) -> list[tuple[str, str, str]]:
     for other in others.only("id", "job_id", "state"):
         url = reverse("admin:django_jobq_job_change", args=[other.pk])
         links.append((names[other.job_id], f"{other.job_id} ({other.state})", url))
+    return links + _flow_links(meta or {}, alias)
+
+
+def _flow_links(meta: dict[str, Any], alias: str) -> list[tuple[str, str, str]]:
+    """Parents this job is a child of, and its children, linked where the mirror has them."""
+    raw_flow = meta.get("flow")
+    flow: dict[str, Any] = raw_flow if isinstance(raw_flow, dict) else {}
+    refs = [("flow parent", ref) for ref in meta.get("parents") or []]
+    refs += [("flow child", ref) for ref in (flow.get("children") or [])[:CHILDREN_SHOWN]]
+    wanted = [(label, (str(r[0]), str(r[1])))
+              for label, r in refs if isinstance(r, list) and len(r) == 2]  # fmt: skip
+    if not wanted:
+        return []
+    match = Q()
+    for _, (queue, job_id) in wanted:
+        match |= Q(queue=queue, job_id=job_id)
+    found = Job.objects.using(alias).filter(match).only("id", "queue", "job_id", "state")
+    rows = {(r.queue, r.job_id): r for r in found}
+    links = []
+    for label, key in wanted:
+        row = rows.get(key)
+        text = f"{key[0]}/{key[1]}" + (f" ({row.state})" if row else " (not mirrored yet)")
+        url = reverse("admin:django_jobq_job_change", args=[row.pk]) if row else ""
+        links.append((label, text, url))
     return links
 
 

@@ -79,6 +79,7 @@ def queue_row(
             counts = {state.value: counted.get(state.value, 0) for state in COUNTED}
             dead = counted.get(JobState.FAILED.value, 0)
         row.update(counts=counts, paused=queue.is_paused(), dead=dead)
+        row["failure_calls"] = queue.count_failure_calls()  # failure handler not done yet
     except Exception as exc:  # storage unreachable or a bad name: say so on the row
         row.update(counts={}, paused=None, dead=None, error=f"{type(exc).__name__}: {exc}")
     completed = finished.get(JobState.COMPLETED.value, 0)

@@ -27,6 +27,9 @@ class DeadLetterSerializer(serializers.Serializer):
 
 class DeadLetterPageSerializer(serializers.Serializer):
     count = serializers.IntegerField(help_text="dead letters of the queue in all")
+    failure_calls = serializers.IntegerField(
+        help_text="failure-handler calls of the queue not done yet (docs/failures.md)"
+    )
     results = DeadLetterSerializer(many=True)
 
 
@@ -59,4 +62,5 @@ class DeadLetterListView(JobQView):
             {"status": JobStatusSerializer(d.status).data, "payload": _json_payload(d.payload)}
             for d in letters
         ]
-        return Response({"count": q.count_dead(), "results": results})
+        body = {"count": q.count_dead(), "failure_calls": q.count_failure_calls()}
+        return Response({**body, "results": results})

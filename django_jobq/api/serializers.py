@@ -50,6 +50,14 @@ class EnqueueSerializer(serializers.Serializer):
     update_max_attempts = serializers.BooleanField(required=False)
     update_backoff = serializers.BooleanField(required=False)
     reset_counts = serializers.BooleanField(required=False)
+    timeout = serializers.FloatField(
+        required=False, min_value=0.001, max_value=86400,
+        help_text="seconds: this job's soft timeout (over its handler's)",
+    )  # fmt: skip
+    hard_timeout = serializers.FloatField(
+        required=False, min_value=0.001, max_value=86400,
+        help_text="seconds: this job's hard timeout (over its handler's)",
+    )  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         spec = enqueue_spec(attrs)

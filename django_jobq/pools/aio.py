@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import JobCancelled
-from ..execution import error_verdict, execute_async
+from ..execution import error_verdict, execute_async, job_timeouts
 from ..job import ClaimedJob, Job
 from ..registry import HandlerRegistry
 from ..storage.base import Ack
@@ -37,7 +37,7 @@ class AsyncRunner:
         """Start the job on the loop; ``done`` gets its verdict (from the loop's thread)."""
         loop = self._loop
         assert loop is not None, "start() first"
-        hard = self.handlers.options(claimed.queue).hard_timeout
+        hard = job_timeouts(claimed, self.handlers)[1]
         key = (claimed.queue, claimed.job_id, claimed.token)
 
         def finished(task: asyncio.Task) -> None:

@@ -27,7 +27,7 @@ from dataclasses import astuple
 from typing import Any
 
 from ..errors import HardTimeout
-from ..execution import error_verdict
+from ..execution import error_verdict, job_timeouts
 from ..job import ClaimedJob, Job
 from ..registry import HandlerRegistry
 from ..storage.base import Ack
@@ -104,7 +104,7 @@ class ProcessRunner:
         return self.run_batch(slot, [claimed], [job])[0]
 
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
-        hard = self.handlers.options(claimed[0].queue).hard_timeout
+        hard = job_timeouts(claimed[0], self.handlers)[1]
         label = f"[{claimed[0].queue}/{','.join(c.job_id for c in claimed)[:200]}]"
         self._running[slot] = {(c.queue, c.job_id, c.token) for c in claimed}
         try:

@@ -21,6 +21,7 @@ from ..job import (
     ChangeOutcome,
     ClaimedJob,
     Event,
+    FailureCall,
     FinalOutcome,
     JobRecord,
     NewJob,
@@ -336,6 +337,11 @@ class Storage(abc.ABC):
         are left alone. Returns how many were deleted."""
 
     @abc.abstractmethod
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        """Ids of up to ``limit`` scheduled jobs due after ``PARKED_FLOOR``: flow parents
+        waiting for their children (``flows.py``), for the sweep that releases them."""
+
+    @abc.abstractmethod
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         """The job's record, or None when unknown or expired."""
 
@@ -360,6 +366,54 @@ class Storage(abc.ABC):
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
         """Events after id ``after`` in order, optionally blocking ``block`` seconds for one."""
+
+    # -- failure handler calls --------------------------------------------------------------
+    # A queue whose handler has a failure handler gets one *call* per permanent failure,
+    # recorded in the atomic step that fails the job for good (``fail`` with no attempts
+    # left or ``permanent``, ``reap`` past ``max_stalls``; never for a cancelled job), and
+    # only while the queue's failure hook is on. Calls are leased like jobs, so a worker that
+    # dies while running one leaves it to be claimed again when the lease ends.
+
+    @abc.abstractmethod
+    def set_failure_hook(self, queue: str, enabled: bool) -> None:
+        """Turn recording of failure calls for ``queue`` on or off (shared by every worker).
+        Calls already recorded stay either way, until a worker with a handler runs them."""
+
+    @abc.abstractmethod
+    def failure_hook(self, queue: str) -> bool:
+        """Whether permanent failures of ``queue`` record a failure call now."""
+
+    @abc.abstractmethod
+    def claim_failure_calls(
+        self, queue: str, worker_id: str, count: int, lease_ms: int
+    ) -> list[FailureCall]:
+        """Lease up to ``count`` due calls (due time <= now, oldest due first) in one atomic
+        step: each one's due time becomes ``now + lease_ms``, its ``tries`` goes up by one and
+        its ``worker`` becomes ``worker_id``.
+        The returned calls carry the new ``tries``, the fence ``settle_failure_call`` checks."""
+
+    @abc.abstractmethod
+    def settle_failure_call(
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
+        error: bytes | None = None,
+    ) -> bool:
+        """The failure handler ran for a claimed ``call``: ``ok`` deletes the call; else it is
+        due again ``retry_in_ms`` from now (storage clock) with ``error`` (JSON) kept as its
+        ``last_error``. Fenced: only when the call's ``tries`` still equals ``call.tries``
+        (no later claim took it over); returns False, writing nothing, otherwise."""
+
+    @abc.abstractmethod
+    def count_failure_calls(self, queue: str) -> int:
+        """How many failure calls of ``queue`` are pending (due, leased or backing off)."""
+
+    @abc.abstractmethod
+    def failure_calls(self, queue: str, offset: int = 0, limit: int = 100) -> list[FailureCall]:
+        """Pending failure calls of ``queue`` for inspection, soonest due first."""
 
     # -- queue control ----------------------------------------------------------------------
 

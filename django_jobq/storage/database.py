@@ -42,6 +42,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from ..errors import QueueBusy, StorageError
 from ..job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -49,6 +50,7 @@ from ..job import (
     DedupMode,
     EnqueueOutcome,
     Event,
+    FailureCall,
     FinalOutcome,
     JobRecord,
     NewJob,
@@ -181,6 +183,7 @@ class DatabaseStorage(Storage):
         self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
     ) -> None:
         from ..models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
+        from ..models import FailureCall as FailureCallRow
 
         self.using = using
         self.clock = clock
@@ -189,6 +192,7 @@ class DatabaseStorage(Storage):
             Job, JobEvent, QueueConfig, WorkerInfo,
         )  # fmt: skip
         self.DedupKey, self.ClaimLog = DedupKey, ClaimLog
+        self.FailureCallRow = FailureCallRow
         # Wake-ups: every signal bumps a generation number. A waiter compares it with the value
         # it saw *before* reading the database, so a signal that lands between its read and its
         # wait is never lost (the classic missed wake-up of condition variables).
@@ -978,6 +982,8 @@ class DatabaseStorage(Storage):
     def _finished(self, row: Any, queue: str, job_id: str, kind: str, now: int) -> None:
         """After a row reached a final state: its event, its waiters, a freed slot, and its
         successor's release (in this same transaction)."""
+        if kind == "failed":  # before a successor renames the row
+            self._record_failure_call(queue, job_id, row["id"], now)
         self._events([(row["id"], queue, job_id)], kind, now, row.get("worker", ""))
         if row["waiters"]:
             self._signal(f"d {queue} {job_id}")
@@ -1303,6 +1309,12 @@ class DatabaseStorage(Storage):
         records = (self.get_record(queue, job_id) for job_id in ids)
         return [r for r in records if r is not None and r.state is JobState.FAILED]
 
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        rows = self._jobs().filter(
+            queue=queue, state=JobState.SCHEDULED, run_at__gte=_dt(PARKED_FLOOR)
+        )
+        return list(rows.order_by("run_at", "id").values_list("job_id", flat=True)[:limit])
+
     def count_dead(self, queue: str) -> int:
         return self._dead(queue, self._now()).count()
 
@@ -1457,6 +1469,86 @@ class DatabaseStorage(Storage):
                 ]  # fmt: skip
             self._wait(deadline - time.monotonic(), since)
 
+    # -- failure handler calls --------------------------------------------------------------
+
+    def _record_failure_call(self, queue: str, job_id: str, pk: int, now: int) -> None:
+        """In the transaction that failed row ``pk`` for good: one statement copies what the
+        failure handler needs into a call row, only when the queue's hook is on."""
+        at = self._param_dt(now)
+        self._sql(
+            f"INSERT INTO {self._quoted(self.FailureCallRow)} (queue, job_id, payload,"
+            " content_type, error, attempts, failed_at, due_at, tries, worker)"
+            " SELECT j.queue, %s, j.payload, j.content_type, j.error, j.attempts, %s, %s, 0, ''"
+            f" FROM {self._table} j JOIN {self._quoted(self.QueueConfig)} c"
+            " ON c.name = j.queue AND c.failure_hook = %s WHERE j.id = %s",
+            [job_id, at, at, True, pk],
+            fetch=False,
+        )
+
+    def _calls(self):
+        self._drop_broken_connection()  # the worker's failure thread holds its connection long
+        return self.FailureCallRow.objects.using(self.using)
+
+    def set_failure_hook(self, queue: str, enabled: bool) -> None:
+        with self._atomic():
+            self._write_lock()
+            self._configs().get_or_create(name=queue)
+            self._configs().filter(name=queue).update(failure_hook=enabled)
+
+    def failure_hook(self, queue: str) -> bool:
+        return self._configs().filter(name=queue, failure_hook=True).exists()
+
+    @staticmethod
+    def _failure_call(row: Any) -> FailureCall:
+        return FailureCall(
+            row.queue, str(row.pk), row.job_id, bytes(row.payload), row.content_type,
+            _json_bytes(row.error) or b"", row.attempts, _ms(row.failed_at), _ms(row.due_at),
+            row.tries, _json_bytes(row.last_error), row.worker or None,
+        )  # fmt: skip
+
+    def claim_failure_calls(
+        self, queue: str, worker_id: str, count: int, lease_ms: int
+    ) -> list[FailureCall]:
+        with self._atomic():
+            self._write_lock()
+            now = self._now()
+            qs = self._calls().filter(queue=queue, due_at__lte=_dt(now)).order_by("due_at", "id")
+            if self.vendor == "postgresql":
+                qs = qs.select_for_update(skip_locked=True)
+            pks = list(qs.values_list("id", flat=True)[:count])
+            if not pks:
+                return []
+            self._calls().filter(pk__in=pks).update(
+                due_at=_dt(now + lease_ms), tries=F("tries") + 1, worker=worker_id
+            )
+            rows = self._calls().filter(pk__in=pks).order_by("due_at", "id")
+            return [self._failure_call(row) for row in rows]
+
+    def settle_failure_call(
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
+        error: bytes | None = None,
+    ) -> bool:
+        held = self._calls().filter(pk=int(call.call_id), queue=queue, tries=call.tries)
+        with self._atomic():
+            self._write_lock()
+            if ok:
+                return held.delete()[0] > 0
+            due = _dt(self._now() + max(retry_in_ms, 0))
+            last_error = json.loads(error) if error else None
+            return held.update(due_at=due, last_error=last_error) > 0
+
+    def count_failure_calls(self, queue: str) -> int:
+        return self._calls().filter(queue=queue).count()
+
+    def failure_calls(self, queue: str, offset: int = 0, limit: int = 100) -> list[FailureCall]:
+        rows = self._calls().filter(queue=queue).order_by("due_at", "id")[offset : offset + limit]
+        return [self._failure_call(row) for row in rows]
+
     # -- queue control ----------------------------------------------------------------------
 
     def pause(self, queue: str) -> None:
@@ -1574,7 +1666,7 @@ class DatabaseStorage(Storage):
                 self._configs().select_for_update().filter(name=queue).first()
             if not force and self._jobs().filter(queue=queue, state=JobState.ACTIVE).exists():
                 raise QueueBusy(f"queue {queue} has active jobs (force=True deletes them too)")
-            for model in (self.JobEvent, self.DedupKey, self.ClaimLog):
+            for model in (self.JobEvent, self.DedupKey, self.ClaimLog, self.FailureCallRow):
                 self._sql(
                     f"DELETE FROM {self._quoted(model)} WHERE queue = %s", [queue], fetch=False
                 )

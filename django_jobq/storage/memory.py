@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import QueueBusy
 from ..job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
@@ -27,6 +28,7 @@ from ..job import (
     DedupMode,
     EnqueueOutcome,
     Event,
+    FailureCall,
     FinalOutcome,
     JobOptions,
     JobRecord,
@@ -103,6 +105,8 @@ class _Queue:
     limits: QueueLimits = field(default_factory=QueueLimits)
     claims: deque = field(default_factory=deque)  # claim times within the rate window
     group_claims: dict[str, deque] = field(default_factory=dict)
+    failure_hook: bool = False  # permanent failures record a failure call
+    failure_calls: dict[str, FailureCall] = field(default_factory=dict)  # call id -> call
 
 
 class MemoryStorage(Storage):
@@ -174,6 +178,8 @@ class MemoryStorage(Storage):
         singleton successor take over the id in the same step."""
         self._finish(q, rec, state, now)
         self._event(queue, q, rec, state.value, now)
+        if state is JobState.FAILED and q.failure_hook:  # before a successor takes the id
+            self._record_failure_call(queue, q, rec, now)
         succ = rec.successor
         if succ is not None:
             rec.successor = None
@@ -183,6 +189,13 @@ class MemoryStorage(Storage):
             self._due_at(q, succ, succ.run_at or 0, now)
             self._event(queue, q, succ, succ.state.value, now)
         self._cond.notify_all()
+
+    def _record_failure_call(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
+        call_id = f"{rec.job_id}:{next(self._versions)}"
+        q.failure_calls[call_id] = FailureCall(
+            queue, call_id, rec.job_id, rec.payload, rec.content_type, rec.error or b"",
+            rec.attempts, now, now, 0,
+        )  # fmt: skip
 
     def _cancel(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
         self._finish(q, rec, JobState.CANCELLED, now)
@@ -695,6 +708,16 @@ class MemoryStorage(Storage):
             dead = self._dead(self._peek(queue), self._now())[offset : offset + limit]
             return [self._record(queue, r) for r in dead]
 
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        with self._cond:
+            q = self._peek(queue)
+            ids = [
+                r.job_id
+                for r in q.jobs.values()
+                if r.state is JobState.SCHEDULED and (r.run_at or 0) >= PARKED_FLOOR
+            ]
+            return sorted(ids)[:limit]
+
     def count_dead(self, queue: str) -> int:
         with self._cond:
             return len(self._dead(self._peek(queue), self._now()))
@@ -838,6 +861,65 @@ class MemoryStorage(Storage):
                 if events or not block or remaining <= 0:
                     return events
                 self._cond.wait(remaining)
+
+    # -- failure handler calls --------------------------------------------------------------
+
+    def set_failure_hook(self, queue: str, enabled: bool) -> None:
+        with self._cond:
+            self._q(queue).failure_hook = enabled
+
+    def failure_hook(self, queue: str) -> bool:
+        with self._cond:
+            return self._peek(queue).failure_hook
+
+    def _pending_calls(self, queue: str) -> list[FailureCall]:
+        calls = self._peek(queue).failure_calls.values()
+        return sorted(calls, key=lambda c: (c.due_at, c.call_id))
+
+    def claim_failure_calls(
+        self, queue: str, worker_id: str, count: int, lease_ms: int
+    ) -> list[FailureCall]:
+        with self._cond:
+            now = self._now()
+            q = self._peek(queue)
+            due = [c for c in self._pending_calls(queue) if c.due_at <= now][:count]
+            out = []
+            for call in due:
+                leased = replace(
+                    call, due_at=now + lease_ms, tries=call.tries + 1, worker=worker_id
+                )
+                q.failure_calls[call.call_id] = leased
+                out.append(leased)
+            return out
+
+    def settle_failure_call(
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
+        error: bytes | None = None,
+    ) -> bool:
+        with self._cond:
+            q = self._peek(queue)
+            held = q.failure_calls.get(call.call_id)
+            if held is None or held.tries != call.tries:
+                return False
+            if ok:
+                del q.failure_calls[call.call_id]
+            else:
+                due = self._now() + max(retry_in_ms, 0)
+                q.failure_calls[call.call_id] = replace(held, due_at=due, last_error=error)
+            return True
+
+    def count_failure_calls(self, queue: str) -> int:
+        with self._cond:
+            return len(self._peek(queue).failure_calls)
+
+    def failure_calls(self, queue: str, offset: int = 0, limit: int = 100) -> list[FailureCall]:
+        with self._cond:
+            return self._pending_calls(queue)[offset : offset + limit]
 
     # -- queue control ----------------------------------------------------------------------
 

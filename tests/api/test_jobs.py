@@ -44,9 +44,19 @@ def test_enqueue_options_reach_the_job(api):
     assert (status.priority, status.max_attempts, status.state) == (5, 7, "scheduled")
 
 
+def test_enqueue_takes_per_job_timeouts_and_the_payload_reads_back_plain(api):
+    body = {"id": "timed", "payload": {"n": 1}, "timeout": 2.5, "hard_timeout": 10}
+    assert api.post(URL + "jobs/", body, format="json").status_code == 201
+    queue = get_queue("tests-echo")
+    assert queue.get_payload("timed") == {"n": 1}
+    assert queue.storage.get_record("tests-echo", "timed").content_type == "json+env"
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
+        ({"timeout": 0}, "timeout"),
+        ({"hard_timeout": 100_000}, "hard_timeout"),
         ({"id": "bad id!"}, "id"),
         ({"id": "x" * 129}, "id"),
         ({"priority": 5000}, "priority"),

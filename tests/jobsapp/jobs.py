@@ -48,6 +48,24 @@ def fail(job):
     raise ValueError(f"boom on attempt {job.attempt}")
 
 
+def onfail_ledger(payload, job, error):
+    """Failure handler of tests-onfail: appends "start <id> <pid> <tries>", sleeps
+    payload["first_call_seconds"] on its first call only, then appends "end <id> <pid> <tries>"
+    (tests/test_failure_processes.py kills the worker in between)."""
+    path = Path(payload["ledger"])
+    with path.open("a") as fh:
+        fh.write(f"start {job.id} {os.getpid()} {job.tries} {error['type']}\n")
+    if job.tries == 1:
+        time.sleep(payload.get("first_call_seconds", 0))
+    with path.open("a") as fh:
+        fh.write(f"end {job.id} {os.getpid()} {job.tries} {error['type']}\n")
+
+
+@handler("tests-onfail", on_failure=onfail_ledger)
+def onfail(job):
+    raise PermanentError("fails for the failure handler")
+
+
 # -- Celery tasks run by django_jobq (tests/test_celery_interop.py) ---------------------------
 
 
@@ -169,3 +187,39 @@ def soft_forever(job):
     while not job.is_cancelled() and time.monotonic() < deadline:
         time.sleep(0.01)
     return "stopped"
+
+
+@handler("tests-job-hang")
+def job_hang(job):
+    """No timeout of its own: per-job timeouts (enqueue(..., hard_timeout=)) stop it."""
+    time.sleep(job.payload.get("seconds", 0))
+    return {"pid": os.getpid()}
+
+
+FLOW_CALLS: list[str] = []  # ids of flow parents whose handler ran (in-process workers)
+
+
+@handler("tests-flow-a")
+@handler("tests-flow-leaf")
+def flow_leaf(job):
+    if job.payload.get("fail"):
+        raise PermanentError(f"leaf {job.id} refuses")
+    time.sleep(job.payload.get("seconds", 0))
+    return job.payload["value"]
+
+
+@handler("tests-flow-sum")
+def flow_sum(job):
+    FLOW_CALLS.append(job.id)
+    return {
+        "payload": job.payload,
+        "sum": sum(job.child_results.values()),
+        "children": [[c.queue, c.job_id, c.state.value, c.value] for c in job.children],
+    }
+
+
+@handler("tests-flow-step")
+def flow_step(job):
+    """A chain step: the previous step's result (0 for the first) plus payload["add"]."""
+    before = job.previous_result if job.children else 0
+    return before * job.payload.get("times", 1) + job.payload["add"]

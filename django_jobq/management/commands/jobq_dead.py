@@ -45,6 +45,12 @@ class Command(BaseCommand):
             cmd.add_argument("job_ids", nargs="*", metavar="job_id")
             cmd.add_argument("--all", action="store_true", help="every dead letter of the queue")
         sub.choices["purge"].add_argument("--yes", action="store_true", help="do not ask")
+        calls = sub.add_parser(
+            "calls", help="failure-handler calls not done yet, soonest due first (JSON lines)"
+        )
+        calls.add_argument("queue")
+        calls.add_argument("--offset", type=int, default=0)
+        calls.add_argument("--limit", type=int, default=100)
 
     def handle(self, *args, action: str, **options):
         try:
@@ -56,7 +62,28 @@ class Command(BaseCommand):
         q = Queue(queue)
         for dead in q.dead_letters(offset=offset, limit=limit):
             self.stdout.write(json.dumps(_line(dead)))
-        self.stderr.write(f"{queue}: {q.count_dead()} dead letter(s)")
+        self.stderr.write(
+            f"{queue}: {q.count_dead()} dead letter(s),"
+            f" {q.count_failure_calls()} failure-handler call(s) pending"
+        )
+
+    def do_calls(self, queue, offset, limit, **_):
+        q = Queue(queue)
+        for call in q.failure_calls(offset=offset, limit=limit):
+            error, last = call.error or {}, call.last_error
+            line = {
+                "id": call.job_id,
+                "failed_at": call.failed_at.isoformat(),
+                "due_at": call.due_at.isoformat(),
+                "tries": call.tries,
+                "worker": call.worker,
+                "error": f"{error.get('type', '?')}: {error.get('message', '')}",
+                "last_error": f"{last.get('type', '?')}: {last.get('message', '')}"
+                if last
+                else None,
+            }
+            self.stdout.write(json.dumps(line))
+        self.stderr.write(f"{queue}: {q.count_failure_calls()} failure-handler call(s) pending")
 
     def do_show(self, queue, job_id, **_):
         q = Queue(queue)

@@ -29,6 +29,9 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="*", help="queues to serve (default: all handlers')")
         parser.add_argument("--concurrency", "-c", type=int, help="jobs in flight at once")
         parser.add_argument("--lease", type=int, help="lease (visibility timeout) in ms")
+        parser.add_argument(
+            "--failure-lease", type=int, help="lease of a failure-handler call in ms"
+        )
         parser.add_argument("--grace", type=float, help="seconds to finish jobs on SIGTERM")
         parser.add_argument("--batch", type=int, help="max jobs per claim")
         parser.add_argument(
@@ -79,6 +82,7 @@ class Command(BaseCommand):
                 reap_interval=options["reap_interval"],
                 pool=options["pool"],
                 autoscale=options["autoscale"],
+                failure_lease=options["failure_lease"],
             )
             worker.check()
         except JobQError as exc:

@@ -100,6 +100,22 @@ class QueueKeys:
         return f"{self.tag}:dead"
 
     @property
+    def onfail(self) -> str:
+        """ZSET of pending failure-handler calls: "<id>:<n>" -> due ms (while leased: the
+        lease's end). ``n`` is a per-queue counter (``onfail_seq`` in ``config``), so two
+        permanent failures of one id are two calls."""
+        return f"{self.tag}:onfail"
+
+    @property
+    def onfail_prefix(self) -> str:
+        return f"{self.tag}:onfail:"
+
+    def onfail_call(self, member: str) -> str:
+        """HASH of one failure call: id, payload, ctype, error, attempts, failed, tries,
+        last_error, worker (a copy, independent of the job record's TTL)."""
+        return self.onfail_prefix + member
+
+    @property
     def blocked(self) -> str:  # SET of ids that have a blocked singleton successor
         return f"{self.tag}:blocked"
 
@@ -107,7 +123,8 @@ class QueueKeys:
     def config(self) -> str:
         """HASH of flow control read by every claim: paused, until (queue-wide postponement,
         ms) and the limits (rate_max, rate_window, group_rate_max, group_rate_window,
-        concurrency); an absent field means no limit."""
+        concurrency); an absent field means no limit. Also the failure hook: onfail ("1":
+        permanent failures record a failure call) and onfail_seq (the calls' counter)."""
         return f"{self.tag}:config"
 
     @property

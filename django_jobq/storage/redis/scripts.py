@@ -25,7 +25,8 @@ def _read(name: str) -> str:
 
 NAMES = (
     "enqueue", "claim", "heartbeat", "complete", "complete_many", "fail", "release", "postpone",
-    "cancel", "change", "reap", "drain", "clean", "control", "retry", "report",
+    "cancel", "change", "reap", "drain", "clean", "control", "retry", "report", "onfail_claim",
+    "onfail_settle",
 )  # fmt: skip
 SOURCES: dict[str, str] = {name: _read(name) for name in NAMES}
 SHAS: dict[str, str] = {

@@ -11,12 +11,14 @@ from typing import Any
 from ...errors import QueueBusy
 from ...job import (
     LOG_LINES,
+    PARKED_FLOOR,
     AckOutcome,
     CancelOutcome,
     ChangeOutcome,
     ClaimedJob,
     EnqueueOutcome,
     Event,
+    FailureCall,
     FinalOutcome,
     JobRecord,
     NewJob,
@@ -115,6 +117,20 @@ def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecor
         if f.get("logs")
         else (),
     )
+
+
+_CALL_FIELDS = (
+    "id", "payload", "ctype", "error", "attempts", "failed", "tries", "last_error", "worker",
+)  # fmt: skip
+
+
+def _failure_call(queue: str, f: Sequence[Any]) -> FailureCall:
+    """From (member, id, payload, ctype, error, attempts, failed, due, tries, last_error,
+    worker)."""
+    return FailureCall(
+        queue, _s(f[0]), _s(f[1]), f[2] or b"", _opt_s(f[3]) or "json", f[4] or b"", _i(f[5]),
+        _i(f[6]), int(f[7]), _i(f[8]), f[9] or None, _opt_s(f[10]) or None,
+    )  # fmt: skip
 
 
 def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
@@ -440,7 +456,8 @@ class RedisStorage(Storage):
             cancel = ack.kind == "cancel"
             args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent or cancel else 0,
                     "cancelled" if cancel else ""]  # fmt: skip
-            return "fail", [*keys, *self._settle_keys(queue), k.dead], args
+            keys += [*self._settle_keys(queue), k.dead, k.config, k.onfail, k.onfail_prefix]
+            return "fail", keys, args
         if ack.kind == "postpone":
             keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.config]
             keys.append(k.capped)
@@ -588,6 +605,12 @@ class RedisStorage(Storage):
         # A record cleaned by SCAN, or an id a new job took after a purge, is not dead.
         return [r for r in records.values() if r is not None and r.state is JobState.FAILED]
 
+    def parked(self, queue: str, limit: int = 200) -> list[str]:
+        ids = self.client.zrangebyscore(
+            self.keys(queue).scheduled, PARKED_FLOOR, "+inf", start=0, num=limit
+        )
+        return [_s(x) for x in ids]
+
     def count_dead(self, queue: str) -> int:
         self._prune_dead(queue)
         return int(self.client.zcard(self.keys(queue).dead))
@@ -667,11 +690,9 @@ class RedisStorage(Storage):
 
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         k = self.keys(queue)
-        raw = self.scripts.call(
-            "reap",
-            [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead],
-            [self._now_arg(), self.events_maxlen, limit],
-        )
+        keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead]
+        keys += [k.config, k.onfail, k.onfail_prefix]
+        raw = self.scripts.call("reap", keys, [self._now_arg(), self.events_maxlen, limit])
         promoted, n_requeued = raw[0], raw[1]
         ids = [_s(x) for x in raw[2:]]
         return ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
@@ -707,6 +728,61 @@ class RedisStorage(Storage):
             for _stream, entries in reply or []
             for eid, fields in entries
         ]
+
+    # -- failure handler calls --------------------------------------------------------------
+
+    def set_failure_hook(self, queue: str, enabled: bool) -> None:
+        k = self.keys(queue)
+        if enabled:
+            self.client.hset(k.config, "onfail", "1")
+        else:
+            self.client.hdel(k.config, "onfail")
+
+    def failure_hook(self, queue: str) -> bool:
+        return self.client.hget(self.keys(queue).config, "onfail") in (b"1", "1")
+
+    def claim_failure_calls(
+        self, queue: str, worker_id: str, count: int, lease_ms: int
+    ) -> list[FailureCall]:
+        k = self.keys(queue)
+        raw = self.scripts.call(
+            "onfail_claim",
+            [k.onfail, k.onfail_prefix],
+            [self._now_arg(), count, lease_ms, worker_id],
+        )
+        return [_failure_call(queue, raw[i : i + 11]) for i in range(0, len(raw), 11)]
+
+    def settle_failure_call(
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in_ms: int = 0,
+        error: bytes | None = None,
+    ) -> bool:
+        k = self.keys(queue)
+        args = [self._now_arg(), call.call_id, call.tries, 1 if ok else 0, retry_in_ms,
+                error or b""]  # fmt: skip
+        keys = [k.onfail, k.onfail_call(call.call_id)]
+        return self.scripts.call("onfail_settle", keys, args) == 1
+
+    def count_failure_calls(self, queue: str) -> int:
+        return int(self.client.zcard(self.keys(queue).onfail))
+
+    def failure_calls(self, queue: str, offset: int = 0, limit: int = 100) -> list[FailureCall]:
+        """Two round trips (index, then the calls' hashes); a call settled in between is
+        left out."""
+        k = self.keys(queue)
+        members = self.client.zrange(k.onfail, offset, offset + limit - 1, withscores=True)
+        pipe = self.client.pipeline(transaction=False)
+        for member, _ in members:
+            pipe.hmget(k.onfail_call(_s(member)), *_CALL_FIELDS)
+        out = []
+        for (member, due), f in zip(members, pipe.execute(), strict=True):
+            if f[0] is not None:
+                out.append(_failure_call(queue, [member, *f[:6], int(due), *f[6:]]))
+        return out
 
     # -- queue control ----------------------------------------------------------------------
 

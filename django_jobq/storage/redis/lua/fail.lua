@@ -8,6 +8,8 @@ KEYS[5] capped  STRING flag (a claim waits for a free concurrency slot)
 KEYS[6..13] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
         scheduled, wake, events (see settle_keys in common.lua)
 KEYS[14] dead   ZSET (the dead-letter list: id -> record expiry ms)
+KEYS[15] config HASH (its 'onfail' flag: record a failure-handler call)
+KEYS[16] onfail ZSET of pending failure calls; KEYS[17] their HASH key prefix
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -22,7 +24,8 @@ ARGV[8] 'cancelled' when an operator cancelled the running attempt (ends it canc
 Returns: 2 failed for good; 3 retrying; 4 cancelled; 0 lease lost (nothing written).
 Events: 'retrying', 'failed' or 'cancelled'. A retry wakes idle workers so they re-read the next due time.
 Failed for good settles the job like complete.lua (dedup key freed, successor released) and
-puts it on the dead-letter list (unless a successor took the id over); a
+puts it on the dead-letter list (unless a successor took the id over) and, when the queue's
+failure hook is on, records a failure-handler call (see record_failure in common.lua); a
 retrying job keeps both: it is not finished, and its successor must not run beside it.
 ]]
 --@include common
@@ -45,6 +48,7 @@ local final = ARGV[8] == 'cancelled' and 'cancelled' or 'failed'
 if final == 'cancelled' or ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
   finish(job_key, done_key, stats_key, final, ARGV[5], now)
   emit(events_key, ARGV[2], id, final, now, f[3])
+  if final == 'failed' then record_failure(job_key, KEYS[15], KEYS[16], KEYS[17], id, now) end
   if f[6] or f[7] then
     local h = sched()
     h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[6], f[7], f[8], now)

@@ -7,6 +7,8 @@ KEYS[4] capped          STRING flag (a claim waits for a free concurrency slot)
 KEYS[5..12] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
         scheduled, wake, events (see settle_keys in common.lua)
 KEYS[13] dead           ZSET (the dead-letter list: id -> record expiry ms)
+KEYS[14] config         HASH (its 'onfail' flag: record a failure-handler call)
+KEYS[15] onfail         ZSET of pending failure calls; KEYS[16] their HASH key prefix
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -15,7 +17,8 @@ ARGV[3] limit (jobs per category and call)
 Returns: { promoted count, requeued count, requeued ids..., failed ids... }
 Events: 'stalled' for a job put back in the queue (stalls + 1, same place in line), 'failed'
 for one past max_stalls (waiters told; settled like complete.lua: dedup key freed, blocked
-successor released, put on the dead-letter list), 'queued' for each promoted job.
+successor released, put on the dead-letter list, a failure-handler call recorded when the
+queue's hook is on), 'queued' for each promoted job.
 Result expiry needs no work here: finished records carry a Redis TTL; dead-letter entries whose
 record expired are dropped here.
 ]]
@@ -42,6 +45,7 @@ for _, id in ipairs(expired) do
       redis.call('HSET', job_key, 'error', stalled_error)
       finish(job_key, done_prefix .. id, stats_key, 'failed', stalled_error, now)
       emit(events_key, maxlen, id, 'failed', now)
+      record_failure(job_key, KEYS[14], KEYS[15], KEYS[16], id, now)
       if f[7] or f[8] then
         local h = sched()
         h.settle(h.settle_keys(KEYS, 5), maxlen, id, f[7], f[8], f[9], now)

@@ -67,6 +67,20 @@ local function bury(job_key, dead_key, id, now)
   redis.call('ZADD', dead_key, now + math.max(redis.call('PTTL', job_key), 0), id)
 end
 
+-- A job that failed for good gets a failure-handler call when the queue's hook is on: a copy
+-- of what the handler needs (payload, content type, error, attempts, failed-at), so the call
+-- outlives the record's TTL and a successor taking the id. Runs before settle(), which may
+-- put a successor under the id. The member's counter keeps two failures of one id apart.
+local function record_failure(job_key, config_key, onfail_key, call_prefix, id, now)
+  if redis.call('HGET', config_key, 'onfail') ~= '1' then return end
+  local f = redis.call('HMGET', job_key, 'payload', 'ctype', 'error', 'attempts')
+  local member = id .. ':' .. redis.call('HINCRBY', config_key, 'onfail_seq', 1)
+  redis.call('HSET', call_prefix .. member, 'id', id, 'payload', f[1] or '',
+    'ctype', f[2] or 'json', 'error', f[3] or '', 'attempts', f[4] or '0',
+    'failed', fmt(now), 'tries', 0)
+  redis.call('ZADD', onfail_key, now, member)
+end
+
 -- Move due scheduled / retrying jobs to queued (at most `limit`). Returns how many moved.
 local function promote_due(job_prefix, scheduled_key, queued_key, stats_key, events_key,
                            maxlen, now, limit)

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobq", "0008_spark_metrics"),
+        ("django_jobq", "0009_failure_calls"),
     ]
 
     operations = [
