@@ -228,6 +228,15 @@ def test_reconcile_recreates_lost_jobs_with_their_id_and_options(q, redis_client
     assert q.enqueue("dup", 5, dedup_key="dk").job_id == "keyed"  # the dedup key is back
 
 
+def test_per_job_timeouts_travel_with_the_journaled_payload(q, redis_client, storage, alias):
+    q.enqueue("timed", {"n": 1}, timeout=5, hard_timeout=9)
+    before = storage.get_record(QUEUE, "timed")
+    lose_queue(redis_client, storage.prefix)
+    reconcile(storage, [QUEUE], min_age=0)
+    after = storage.get_record(QUEUE, "timed")
+    assert (after.payload, after.content_type) == (before.payload, before.content_type)
+
+
 def test_a_delay_is_journaled_as_the_original_due_time(q, redis_client, storage, alias):
     before = dt.datetime.now(dt.UTC)
     q.enqueue("delayed", 1, delay=dt.timedelta(minutes=10))
