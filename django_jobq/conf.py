@@ -68,6 +68,17 @@ DEFAULTS: dict[str, Any] = {
         "failure_poll": 1.0,
     },
     "REAPER": {"interval": 1.0, "batch": 1000},
+    # "redis": an accepted enqueue lives in Redis only (fastest). "journal" (Redis backend
+    # only): it is also written to the database, in the caller's transaction when one is open,
+    # and jobq_reconcile re-creates what Redis lost (docs/durability.md). Per queue:
+    # QUEUES[q]["durability"]; per Queue object: Queue(durability=...).
+    "DURABILITY": "redis",
+    "JOURNAL": {
+        "DATABASE_ALIAS": "default",  # where journal rows live (the callers' transactions)
+        "RECONCILE_INTERVAL": 30.0,  # seconds between the reaper's reconciles (None: never)
+        "MIN_AGE": 5.0,  # seconds an entry is left alone (its push may still be on the way)
+        "BATCH": 1000,  # entries read and checked per round trip
+    },
     # Celery interoperability (django_jobq.celery_compat, docs/migrating-from-celery.md).
     "CELERY": {
         "BROKER_URL": None,  # kombu URL: publish(), and the bridge of CONSUME_QUEUES
@@ -81,13 +92,16 @@ DEFAULTS: dict[str, Any] = {
 }
 
 BACKENDS = ("redis", "database", "memory")
+DURABILITIES = ("redis", "journal")
+# Keys of JOBQ["QUEUES"][q] that are queue settings, not job option defaults.
+QUEUE_SETTING_NAMES = ("limits", "durability")
 OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 
 
 def jobq_settings() -> dict[str, Any]:
     user = getattr(settings, "JOBQ", {}) or {}
     merged = {**DEFAULTS, **user}
-    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY"):
+    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY", "JOURNAL"):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
     if merged["BACKEND"] is None:
         redis_given = merged["REDIS_URL"] or merged["REDIS_CACHE_ALIAS"]
@@ -121,8 +135,31 @@ def validate_options(options: dict[str, Any], where: str) -> JobOptions:
 
 def queue_defaults(queue: str) -> JobOptions:
     conf = jobq_settings()
-    overrides = {k: v for k, v in conf["QUEUES"].get(queue, {}).items() if k != "limits"}
+    overrides = {
+        k: v for k, v in conf["QUEUES"].get(queue, {}).items() if k not in QUEUE_SETTING_NAMES
+    }
     return validate_options({**conf["JOB_DEFAULTS"], **overrides}, f"JOBQ['QUEUES'][{queue!r}]")
+
+
+def queue_durability(queue: str) -> str:
+    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``."""
+    conf = jobq_settings()
+    value = conf["QUEUES"].get(queue, {}).get("durability", conf["DURABILITY"])
+    return validate_durability(value, f"JOBQ['QUEUES'][{queue!r}]['durability']")
+
+
+def validate_durability(value: object, where: str) -> str:
+    if value not in DURABILITIES:
+        raise ConfigurationError(f"{where} {value!r}: use 'redis' or 'journal'")
+    return str(value)
+
+
+def journal_in_settings() -> bool:
+    """True when the settings put any queue in journal mode (the reaper then reconciles)."""
+    conf = jobq_settings()
+    return conf["DURABILITY"] == "journal" or any(
+        isinstance(q, dict) and q.get("durability") == "journal" for q in conf["QUEUES"].values()
+    )
 
 
 LIMIT_NAMES = ("rate_max", "rate_window", "group_rate_max", "group_rate_window", "concurrency")
@@ -203,9 +240,46 @@ def check_settings() -> list[str]:
     if mirror_alias not in settings.DATABASES:
         problems.append(f"JOBQ['MIRROR']['DATABASE_ALIAS'] {mirror_alias!r} is not in DATABASES")
     problems += _check_celery(conf["CELERY"])
+    problems += _check_journal(conf)
     size = conf["MAX_PAYLOAD_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"JOBQ['MAX_PAYLOAD_BYTES'] must be a positive integer, got {size!r}")
+    return problems
+
+
+def _check_journal(conf: dict[str, Any]) -> list[str]:
+    problems = []
+    try:
+        validate_durability(conf["DURABILITY"], "JOBQ['DURABILITY']")
+        for name in conf["QUEUES"]:
+            queue_durability(name)
+    except JobQError as exc:
+        return [str(exc)]
+    if journal_in_settings() and conf["BACKEND"] in ("database", "memory"):
+        problems.append(
+            f"durability 'journal' needs the Redis backend: the {conf['BACKEND']} backend keeps "
+            "no second copy to reconcile (the database backend already commits every job in "
+            "the database; use durability 'redis' there)"
+        )
+    journal = conf["JOURNAL"]
+    unknown = set(journal) - set(DEFAULTS["JOURNAL"])
+    if unknown:
+        problems.append(f"unknown JOBQ['JOURNAL'] key(s) {sorted(unknown)}")
+    if journal["DATABASE_ALIAS"] not in settings.DATABASES:
+        problems.append(
+            f"JOBQ['JOURNAL']['DATABASE_ALIAS'] {journal['DATABASE_ALIAS']!r} is not in DATABASES"
+        )
+    for key, allow_none in (("RECONCILE_INTERVAL", True), ("MIN_AGE", False)):
+        value = journal[key]
+        if value is None and allow_none:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            problems.append(
+                f"JOBQ['JOURNAL']['{key}'] must be a number of seconds >= 0, got {value!r}"
+            )
+    batch = journal["BATCH"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        problems.append(f"JOBQ['JOURNAL']['BATCH'] must be a positive integer, got {batch!r}")
     return problems
 
 

@@ -45,6 +45,9 @@ class EnqueueOutcome(enum.StrEnum):
     DUPLICATE = "duplicate"  # the id (or dedup key) is taken and has not completed: no write
     COMPLETED = "completed"  # the id exists and completed: its cached result is returned
     UPDATED = "updated"  # a waiting job with this id (or dedup key) was updated in place
+    # Journal mode: written to the database journal, not yet sent to Redis (the transaction is
+    # still open, or Redis was unreachable); sent on commit or by jobq_reconcile.
+    PENDING = "pending"
 
 
 class CancelOutcome(enum.StrEnum):

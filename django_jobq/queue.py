@@ -7,15 +7,29 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from django.db import transaction
 
 from . import envelope
-from .conf import OPTION_NAMES, get_storage, jobq_settings, queue_defaults
-from .errors import InvalidJobId, InvalidOption, JobFailed, PayloadTooLarge, Timeout
+from .conf import (
+    OPTION_NAMES,
+    get_storage,
+    jobq_settings,
+    queue_defaults,
+    queue_durability,
+    validate_durability,
+)
+from .errors import (
+    ConfigurationError,
+    InvalidJobId,
+    InvalidOption,
+    JobFailed,
+    PayloadTooLarge,
+    Timeout,
+)
 from .job import (
     CancelOutcome,
     ChangeOutcome,
@@ -156,6 +170,8 @@ class Queue:
         storage: a Storage; defaults to the one the ``JOBQ`` setting selects.
         serde: "json" (default), "msgpack", or an object with dumps/loads.
         max_payload_bytes: refuse serialised payloads above this size.
+        durability: "redis" or "journal" (see docs/durability.md); default from the
+            ``JOBQ`` setting (``QUEUES[name]["durability"]``, else ``DURABILITY``).
     """
 
     def __init__(
@@ -166,10 +182,22 @@ class Queue:
         serde: str | Serde | None = None,
         max_payload_bytes: int | None = None,
         defaults: JobOptions | None = None,
+        durability: str | None = None,
     ) -> None:
         conf = jobq_settings()
         self.name = validate_queue_name(name)
         self.storage = storage if storage is not None else get_storage()
+        self.durability = (
+            queue_durability(self.name)
+            if durability is None
+            else validate_durability(durability, "durability")
+        )
+        if self.durability == "journal" and not self.storage.supports_journal:
+            raise ConfigurationError(
+                f"queue {self.name!r}: durability 'journal' needs the Redis backend, not "
+                f"{type(self.storage).__name__} (the database backend already commits every "
+                "job in the database)"
+            )
         self.serde = get_serde(serde or conf["SERDE"])
         self.max_payload_bytes = max_payload_bytes or conf["MAX_PAYLOAD_BYTES"]
         self.defaults = defaults or queue_defaults(name)
@@ -281,8 +309,25 @@ class Queue:
         See docs/scheduling.md for the exact rules.
         """
         job = self.build(job_id, payload, **options)
+        if self.journaled:
+            return self._public(self._journal([job])[0])
         self._register()
         return self._public(self.storage.enqueue(self.name, job))
+
+    @property
+    def journaled(self) -> bool:
+        return self.durability == "journal"
+
+    def _journal(self, jobs: list[NewJob]) -> list[StoredEnqueue]:
+        from .journal import submit
+
+        return submit(self.name, jobs, self._send)
+
+    def _send(self, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
+        self._register()
+        if len(jobs) == 1:
+            return [self.storage.enqueue(self.name, jobs[0])]
+        return self.storage.enqueue_many(self.name, jobs)
 
     def enqueue_on_commit(
         self,
@@ -299,9 +344,17 @@ class Queue:
         no longer pick up a job for a row that is not committed yet, or never will be. The
         job is validated now, so bad input fails inside the transaction. What this cannot
         give is atomicity: if Redis is unreachable at commit time the rows stay committed and
-        the enqueue raises. Only the database backend enqueues *inside* the transaction.
+        the enqueue raises. Only the database backend enqueues *inside* the transaction,
+        and a queue in journal mode journals inside it (then this is ``enqueue``).
         """
         job = self.build(job_id, payload, **options)
+        if self.journaled:
+            if using is not None and using != jobq_settings()["JOURNAL"]["DATABASE_ALIAS"]:
+                raise InvalidOption(
+                    f"journal mode writes on JOBQ['JOURNAL']['DATABASE_ALIAS'], not {using!r}"
+                )
+            self._journal([job])
+            return job.job_id
 
         def send() -> None:
             self._register()
@@ -326,6 +379,8 @@ class Queue:
                 built.append(self.build(job_id, payload))
         if not built:
             return []
+        if self.journaled:
+            return [self._public(s) for s in self._journal(built)]
         self._register()
         return [self._public(s) for s in self.storage.enqueue_many(self.name, built)]
 
@@ -348,8 +403,11 @@ class Queue:
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.
             raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
         job = self.build(job_id, payload, waiter=True, **options)
-        self._register()
-        stored = self.storage.enqueue(self.name, job)
+        if self.journaled:
+            stored = self._journal_and_send(job)
+        else:
+            self._register()
+            stored = self.storage.enqueue(self.name, job)
         if stored.state is JobState.COMPLETED:
             return self.serde_loads(stored.result)
         if stored.state in (JobState.FAILED, JobState.CANCELLED):
@@ -360,6 +418,24 @@ class Queue:
         if outcome.state is JobState.COMPLETED:
             return self.serde_loads(outcome.result)
         raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    def _journal_and_send(self, job: NewJob) -> StoredEnqueue:
+        """enqueue_and_wait in journal mode: the wait needs the job in Redis now, so inside a
+        transaction (sent only at commit) it could never end, and a Redis error is raised
+        (the entry stays: jobq_reconcile still sends the job)."""
+        from django.db import connections
+
+        from .journal import journal_alias, write
+
+        using = journal_alias()
+        if connections[using].in_atomic_block:
+            raise InvalidOption(
+                "enqueue_and_wait in journal mode cannot run inside a transaction: the job is "
+                "sent when it commits, after the wait"
+            )
+        with transaction.atomic(using=using):
+            write(self.name, [job], using)
+        return self._send([job])[0]
 
     # -- managing ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .conf import get_storage, jobq_settings
+from .conf import get_storage, jobq_settings, journal_in_settings
 from .flows import resolve_parked
 from .registry import registry
 from .storage.base import ReapReport, Storage
@@ -34,6 +34,7 @@ class Reaper:
         mirror: bool | None = None,
         retention_days: float | None = -1,
         schedules: bool = True,
+        reconcile: bool | None = None,
     ) -> None:
         conf = jobq_settings()
         self.storage = storage if storage is not None else get_storage()
@@ -54,6 +55,15 @@ class Reaper:
         self.schedules = schedules
         self._schedule_error: tuple[str, float] | None = None
         self.last_fired: list[str] = []  # ids the last sweep's schedules stored
+        # Journal reconcile (journal.py): by default where the settings put a queue in journal
+        # mode, so a reaper of a project without the journal never touches its table.
+        want_reconcile = journal_in_settings() if reconcile is None else reconcile
+        interval_s = conf["JOURNAL"]["RECONCILE_INTERVAL"]
+        self.reconcile_interval: float | None = (
+            interval_s if want_reconcile and self.storage.supports_journal else None
+        )
+        self._last_reconcile = 0.0
+        self._reconcile_error: tuple[str, float] | None = None
 
     def queues(self) -> list[str]:
         """Explicit queues, else every queue that was enqueued to, has a handler or settings."""
@@ -124,6 +134,29 @@ class Reaper:
         self._schedule_error = None
         return fired
 
+    def reconcile(self) -> None:
+        """Re-create jobs Redis lost from the journal. Errors (database down, table not
+        migrated) are logged at most once a minute and never stop stall recovery."""
+        from django.db import connections
+
+        from .journal import journal_alias, reconcile
+
+        self._last_reconcile = time.monotonic()
+        try:
+            reports = reconcile(self.storage, self.fixed_queues)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            last = self._reconcile_error
+            if last is None or last[0] != message or time.monotonic() - last[1] >= 60:
+                logger.warning("journal not reconciled: %s", message)
+                self._reconcile_error = (message, time.monotonic())
+            connections[journal_alias()].close_if_unusable_or_obsolete()
+            return
+        self._reconcile_error = None
+        for name, report in reports.items():
+            if report.recreated or report.dropped:
+                logger.warning("journal %s: %s", name, report)
+
     def purge(self) -> int:
         """Delete job rows past the retention period (mirror rows, or database-backend state
         whose deduplication window has closed)."""
@@ -148,6 +181,11 @@ class Reaper:
                     self.run_once()
                     if time.monotonic() - self._last_purge >= self.retention_interval:
                         self.purge()
+                    if (
+                        self.reconcile_interval is not None
+                        and time.monotonic() - self._last_reconcile >= self.reconcile_interval
+                    ):
+                        self.reconcile()
                 except Exception as exc:  # storage down: keep trying, never exit on a blip
                     logger.warning("reaper sweep failed: %s", exc)
                 self._stop.wait(self.interval)

@@ -40,6 +40,10 @@ from .validation import validate_job_id, validate_queue_name
 
 logger = logging.getLogger("django_jobq.worker")
 CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
+# Longest pause between retries of a storage that does not answer (claims and verdicts). A
+# Redis restart takes about a second: a longer cap would leave a worker idle for seconds after
+# the server is back; a retry costs one refused connection, so retrying every second is cheap.
+RECONNECT_MAX = 1.0
 
 
 # Verdicts after which a flow child's parents may be released.
@@ -245,7 +249,7 @@ class Worker:
                 failures = 0
             except Exception as exc:  # storage unreachable: back off, never crash
                 failures += 1
-                delay = min(5.0, 0.1 * 2**failures)
+                delay = min(RECONNECT_MAX, 0.1 * 2**failures)
                 logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 self._stopping.wait(delay)
                 continue
@@ -414,12 +418,12 @@ class Worker:
                 break
             except Exception as exc:  # keep the verdicts: the lease decides if they still count
                 failures += 1
-                if failures > 50:
+                if failures > 100:  # ~95 s of retries at RECONNECT_MAX
                     logger.error("giving up on %d verdicts for %s: %s", len(acks), name, exc)
                     outcomes = [AckOutcome.LEASE_LOST] * len(acks)
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
-                time.sleep(min(2.0, 0.05 * 2**failures))
+                time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
         flow_children = []
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):

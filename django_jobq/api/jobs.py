@@ -77,7 +77,8 @@ class EnqueueView(JobQView):
             data.is_valid(raise_exception=True)
             spec = enqueue_spec(data.validated_data)
             result = q.enqueue(spec.pop("id", None), spec.pop("payload", None), **spec)
-            created = result.outcome is EnqueueOutcome.QUEUED
+            # pending: journal mode stored it in the database; Redis gets it on commit
+            created = result.outcome in (EnqueueOutcome.QUEUED, EnqueueOutcome.PENDING)
             return Response(enqueue_body(q, result), status=201 if created else status.HTTP_200_OK)
 
         return idempotent(request, run)

@@ -97,7 +97,9 @@ class BulkEnqueueSerializer(serializers.Serializer):
 class EnqueueResultSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
-    outcome = serializers.ChoiceField(choices=["queued", "duplicate", "completed", "updated"])
+    outcome = serializers.ChoiceField(
+        choices=["queued", "duplicate", "completed", "updated", "pending"]
+    )
     state = serializers.ChoiceField(choices=JobState.choices)
     result = serializers.JSONField(allow_null=True, help_text="cached result (completed)")
     error = serializers.JSONField(allow_null=True)

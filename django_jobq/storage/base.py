@@ -79,6 +79,8 @@ class Storage(abc.ABC):
     supports_multiprocess: bool = True
     #: enqueue joins the caller's database transaction (database backend only).
     supports_transactional_enqueue: bool = False
+    #: durability="journal" applies (a second copy in the database is worth keeping): Redis.
+    supports_journal: bool = False
 
     clock: Clock | None = None
 
@@ -475,6 +477,15 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def list_workers(self) -> list[WorkerRecord]: ...
+
+    def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """The state of each job (None: no record), in order; the journal's reconcile asks
+        this of every batch, so backends answer in one round trip where they can."""
+        states = []
+        for job_id in job_ids:
+            record = self.get_record(queue, job_id)
+            states.append(None if record is None else record.state)
+        return states
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to close
         """Release connections; the storage is not used afterwards."""

@@ -27,6 +27,17 @@ class Command(BaseCommand):
             help="do not fire periodic schedules from this reaper",
         )
 
+        parser.add_argument(
+            "--reconcile",
+            action="store_true",
+            default=None,
+            help="reconcile the journal every JOBQ['JOURNAL']['RECONCILE_INTERVAL'] seconds "
+            "(default: when the settings put a queue in durability 'journal')",
+        )
+        parser.add_argument(
+            "--no-reconcile", action="store_false", dest="reconcile", help="never reconcile here"
+        )
+
     def handle(self, *args, **options):
         configure(options["verbosity"])
         reaper = Reaper(
@@ -34,6 +45,7 @@ class Command(BaseCommand):
             interval=options["interval"],
             mirror=False if options["no_mirror"] else None,
             schedules=not options["no_schedules"],
+            reconcile=options["reconcile"],
         )
         if options["once"]:
             for name, report in reaper.run_once().items():

@@ -226,6 +226,8 @@ class _Combiner:
 
 
 class RedisStorage(Storage):
+    supports_journal = True
+
     def __init__(
         self,
         client: Any,
@@ -658,6 +660,14 @@ class RedisStorage(Storage):
             job_id: _record(queue, job_id, replies[2 * i], replies[2 * i + 1], now)
             for i, job_id in enumerate(job_ids)
         }
+
+    def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """One pipelined HGET per id: the state field only, never the payload."""
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(k.job(job_id), "state")
+        return [None if raw is None else JobState(_s(raw)) for raw in pipe.execute()]
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
         done_key = self.keys(queue).done(job_id)
