@@ -35,6 +35,7 @@ from .job import (
     PARKED_FLOOR,
     PARKED_MS,
     ClaimedJob,
+    EnqueueOutcome,
     EnqueueResult,
     JobOptions,
     JobRecord,
@@ -53,6 +54,8 @@ FAIL, RELEASE = "fail", "release"
 _POLICIES = (FAIL, RELEASE)
 #: Parked parents one sweep resolves per queue (more wait for the next sweep).
 SWEEP_LIMIT = 200
+#: Age of a parent after which a child without a record is lost rather than still coming.
+LOST_GRACE_MS = 10 * 60 * 1000
 
 Key = tuple[str, str]  # (queue, job id)
 
@@ -182,14 +185,14 @@ def enqueue_flow(
         built.append((n, queues[n.queue].build(n.job_id, n.payload, meta=meta, **options)))
     results: dict[Key, EnqueueResult] = {}
     for n, job in built:
-        q = queues[n.queue]
-        q._register()
-        results[n.key] = q._public(q.storage.enqueue(q.name, job))
+        results[n.key] = queues[n.queue].submit(job)
     # Children that had finished before their parent was stored (duplicates of old jobs, or
-    # quick ones) have no one left to trigger the parent: look now.
-    for n in order:
-        if n.children:
-            resolve(queues[n.queue].storage, n.queue, n.job_id)
+    # quick ones) have no one left to trigger the parent: look now. Not when jobs are still
+    # pending in a journal (sent when the transaction commits): then there is nothing to see.
+    if all(r.outcome is not EnqueueOutcome.PENDING for r in results.values()):
+        for n in order:
+            if n.children:
+                resolve(queues[n.queue].storage, n.queue, n.job_id)
     return results
 
 
@@ -227,11 +230,14 @@ def _decoded(record: JobRecord) -> tuple[Any, dict[str, Any]] | None:
     return envelope.unwrap(record.content_type, value)
 
 
-def _child_outcome(storage: Storage, queue: str, job_id: str) -> list[Any] | None:
-    """[queue, id, state, value, error] of a finished child; None while it still runs."""
+def _child_outcome(storage: Storage, queue: str, job_id: str, lost_ok: bool) -> list[Any] | None:
+    """[queue, id, state, value, error] of a finished child; None while it still runs, or
+    while a missing child may still arrive (``lost_ok`` False)."""
     from .queue import serde_for
 
     record = storage.get_record(queue, job_id)
+    if record is None and not lost_ok:
+        return None
     if record is None:
         lost = {"type": "ChildLost", "message": f"job {queue}/{job_id} has no record (expired "
                 "or deleted before its parent was resolved)"}  # fmt: skip
@@ -247,9 +253,13 @@ def _child_outcome(storage: Storage, queue: str, job_id: str) -> list[Any] | Non
     return [queue, job_id, record.state.value, value, decode_error(record.error)]
 
 
-def resolve(storage: Storage, queue: str, job_id: str) -> bool:
+def resolve(storage: Storage, queue: str, job_id: str, *, now_ms: int | None = None) -> bool:
     """Release the parked parent ``queue/job_id`` if all its children finished; True when it
-    was released now. Safe to call any number of times, from any process."""
+    was released now. Safe to call any number of times, from any process.
+
+    A child with no record counts as lost (failed) only once the parent is older than
+    ``LOST_GRACE_MS``: until then it may be a child still on its way (sent when a journal's
+    transaction commits, or re-created by ``jobq_reconcile`` after Redis lost it)."""
     record = storage.get_record(queue, job_id)
     if record is None or record.state is not JobState.SCHEDULED:
         return False
@@ -259,9 +269,11 @@ def resolve(storage: Storage, queue: str, job_id: str) -> bool:
     flow = decoded[1].get("flow") if decoded else None
     if not isinstance(flow, dict) or "results" in flow:
         return False
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    lost_ok = now - record.created_at >= LOST_GRACE_MS
     outcomes = []
     for child_queue, child_id in flow.get("children", []):
-        outcome = _child_outcome(storage, child_queue, child_id)
+        outcome = _child_outcome(storage, child_queue, child_id, lost_ok)
         if outcome is None:
             return False
         outcomes.append(outcome)
@@ -281,7 +293,7 @@ def resolve(storage: Storage, queue: str, job_id: str) -> bool:
     )  # fmt: skip
     stored = storage.enqueue(queue, release)
     logger.debug("[%s/%s] flow parent resolved: %s", queue, job_id, stored.outcome.value)
-    return stored.outcome.value == "updated"
+    return stored.outcome is EnqueueOutcome.UPDATED
 
 
 def resolve_parked(storage: Storage, queue: str, limit: int = SWEEP_LIMIT) -> int:

@@ -308,7 +308,10 @@ class Queue:
 
         See docs/scheduling.md for the exact rules.
         """
-        job = self.build(job_id, payload, **options)
+        return self.submit(self.build(job_id, payload, **options))
+
+    def submit(self, job: NewJob) -> EnqueueResult:
+        """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
         if self.journaled:
             return self._public(self._journal([job])[0])
         self._register()

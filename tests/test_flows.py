@@ -323,3 +323,18 @@ def test_a_jobs_own_hard_timeout_kills_its_child_and_the_worker_goes_on(redis_cl
     finally:
         worker.stop(hurry=True)
         assert worker.stopped.wait(20)
+
+
+def test_a_child_without_a_record_is_lost_only_after_the_grace_period(storage):
+    from django_jobq.flows import LOST_GRACE_MS, resolve
+
+    enqueue_flow(node(SUM, "orphan", children=[node(LEAF, "vanished", {"value": 1})]),
+                 storage=storage)  # fmt: skip
+    storage.cancel(LEAF, "vanished")
+    assert storage.delete_finished(LEAF, ["vanished"]) == 1
+    born = storage.get_record(SUM, "orphan").created_at
+    assert not resolve(storage, SUM, "orphan", now_ms=born + 1000)  # may still be coming
+    assert resolve(storage, SUM, "orphan", now_ms=born + LOST_GRACE_MS)
+    (claimed,) = storage.claim(SUM, "w", 1, 30_000).jobs
+    verdict = prepare(claimed, registry)
+    assert isinstance(verdict, Ack) and b"has no record" in verdict.body

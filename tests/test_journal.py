@@ -415,3 +415,22 @@ def test_the_rest_api_answers_201_pending_for_a_job_kept_in_the_journal(settings
     assert response.status_code == 201, response.content
     assert response.json()["outcome"] == "pending"
     assert set(entries("default")) == {"api-1"}
+
+
+def test_a_flow_in_journal_mode_is_sent_on_commit_and_survives_a_lost_queue(
+    storage, redis_client, alias, jobq, settings
+):
+    from django_jobq.flows import enqueue_flow, node, resolve_parked
+
+    settings.JOBQ = {**jobq, "DURABILITY": "journal"}
+    parent = node(QUEUE, "j-parent", {"p": 1}, children=[node(QUEUE, "j-child", {"c": 1})])
+    with transaction.atomic(using=alias):
+        results = enqueue_flow(parent, storage=storage)
+        assert {r.outcome for r in results.values()} == {EnqueueOutcome.PENDING}
+    assert storage.parked(QUEUE) == ["j-parent"]  # sent on commit, parked, not failed
+    lose_queue(redis_client, storage.prefix)
+    reconcile(storage, [QUEUE], min_age=0)
+    assert storage.parked(QUEUE) == ["j-parent"]  # re-created parked, with its children list
+    finish(storage, "j-child")
+    assert resolve_parked(storage, QUEUE) == 1
+    assert storage.get_record(QUEUE, "j-parent").state is JobState.QUEUED
