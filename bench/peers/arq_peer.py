@@ -59,6 +59,14 @@ def make_adapter() -> Adapter:
         for i in range(n):
             await pool.enqueue_job("noop", i, _queue_name=QUEUE)
 
+    async def fill(n: int) -> None:
+        # Not timed: many enqueue_job calls in flight at once, only to queue the drain's jobs
+        # quickly (arq's client is asyncio, so this is its natural way to enqueue many).
+        for offset in range(0, n, 100):
+            calls = (pool.enqueue_job("noop", i, _queue_name=QUEUE)
+                     for i in range(offset, min(n, offset + 100)))  # fmt: skip
+            await asyncio.gather(*calls)
+
     async def one_rr() -> Any:
         job = await pool.enqueue_job("echo", 1, _queue_name=QUEUE)
         return await job.result(timeout=10, poll_delay=POLL_DELAY)
@@ -93,7 +101,7 @@ def make_adapter() -> Adapter:
         },
         enqueue_one=lambda n: loop.run_until_complete(enqueue(n)),
         enqueue_bulk=None,
-        fill=lambda n: loop.run_until_complete(enqueue(n)),
+        fill=lambda n: loop.run_until_complete(fill(n)),
         worker_command=worker_command,
         rr_call=lambda: loop.run_until_complete(one_rr()),
         rr_timed=lambda n, warmup: loop.run_until_complete(rr_loop(n, warmup)),

@@ -28,7 +28,7 @@ def render(result: dict, out: Path) -> None:
     summary = result["summary"]
     rel = result["ratios"]
     systems = report.systems_in_order(summary)
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
     for ax, (metric, _, _, unit, higher, label) in zip(axes.flat, report.METRICS, strict=True):
         values = [summary[s].get(metric, {}).get("value") for s in systems]
         top = max((v for v in values if v is not None), default=1) or 1
@@ -52,9 +52,11 @@ def render(result: dict, out: Path) -> None:
             ax.spines[side].set_visible(False)
     m = result["machine"]
     rounds = f"median of {result['rounds']} interleaved round(s)"
+    loads = result.get("load_average_before_rounds") or [0]
+    busy = f"load average {min(loads):.1f}-{max(loads):.1f} from other work"
     fig.suptitle(
         f"django_jobq vs Python job queues on one local Redis — {result['date'][:10]}, "
-        f"{m['cores']} cores, Redis {m['redis_server']}, {rounds}\n"
+        f"{m['cores']} cores ({busy}), Redis {m['redis_server']}, {rounds}\n"
         "×N after a peer's figure: django_jobq is N times better on that figure",
         fontsize=11,
     )
