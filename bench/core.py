@@ -187,28 +187,49 @@ def latency_summary(ns: list[int], unit: float) -> dict[str, float]:
 @contextmanager
 def running_worker(concurrency: int, log_dir: Path) -> Iterator[subprocess.Popen]:
     """A ``manage.py runworker bench`` subprocess, stopped by PID (SIGTERM) whatever happens."""
+    with running_workers(concurrency, 1, log_dir) as procs:
+        yield procs[0]
+
+
+@contextmanager
+def running_workers(
+    concurrency: int, processes: int, log_dir: Path
+) -> Iterator[list[subprocess.Popen]]:
+    """``processes`` ``manage.py runworker bench`` subprocesses started together (as several
+    worker hosts or containers would be), each stopped by its PID (SIGTERM) whatever happens."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "bench.settings",
         "PYTHONPATH": str(ROOT),
     }
-    log_path = log_dir / f"worker-c{concurrency}-{uuid.uuid4().hex[:6]}.log"
-    with log_path.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworker", QUEUE,
-             "--concurrency", str(concurrency), "--settings", "bench.settings"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            stop_process(proc, log_path)
+    started: list[tuple[subprocess.Popen, Path]] = []
+    try:
+        for _ in range(processes):
+            log_path = log_dir / f"worker-c{concurrency}-{uuid.uuid4().hex[:6]}.log"
+            with log_path.open("w") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, str(ROOT / "manage.py"), "runworker", QUEUE,
+                     "--concurrency", str(concurrency), "--settings", "bench.settings"],
+                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            started.append((proc, log_path))
+        yield [proc for proc, _ in started]
+    finally:
+        for proc, _ in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # all at once, so their grace periods overlap
+        for proc, log_path in started:
+            stop_process(proc, log_path, signalled=True)
 
 
-def stop_process(proc: subprocess.Popen, log_path: Path) -> None:
-    """SIGTERM by PID and wait; SIGKILL only if it does not leave within the grace period."""
+def stop_process(proc: subprocess.Popen, log_path: Path, signalled: bool = False) -> None:
+    """SIGTERM by PID and wait; SIGKILL only if it does not leave within the grace period.
+
+    ``signalled``: SIGTERM was already sent (a second one would cut the worker's grace short).
+    """
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        if not signalled:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=40)
         except subprocess.TimeoutExpired:
@@ -332,8 +353,10 @@ def job_times(client: Any, prefix: str, ids: list[str]) -> tuple[list[int], list
     return started, finished
 
 
-def measure_drain(n: int, concurrency: int, prefix: str, tag: str, log_dir: Path) -> dict:
-    """Queue N no-op jobs, spawn one worker, time spawn -> last completion.
+def measure_drain(
+    n: int, concurrency: int, prefix: str, tag: str, log_dir: Path, processes: int = 1
+) -> dict:
+    """Queue N no-op jobs, spawn ``processes`` workers, time spawn -> last completion.
 
     The end is detected by polling the queue's completed counter every 20 ms; the figures
     themselves come from the jobs' own ``started``/``finished`` stamps, so the poll interval
@@ -356,11 +379,12 @@ def measure_drain(n: int, concurrency: int, prefix: str, tag: str, log_dir: Path
 
     spawn_ms = time.time() * 1000
     start = time.perf_counter()
-    with running_worker(concurrency, log_dir) as proc:
+    with running_workers(concurrency, processes, log_dir) as procs:
 
         def drained() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"worker exited {proc.returncode} during the drain")
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker exited {proc.returncode} during the drain")
             return queue.counts()[JobState.COMPLETED] - baseline >= n
 
         wait_for(drained, 300, f"{n} jobs to complete")
@@ -377,6 +401,7 @@ def measure_drain(n: int, concurrency: int, prefix: str, tag: str, log_dir: Path
     return {
         "jobs": n,
         "concurrency": concurrency,
+        "processes": processes,
         "per_s": round(n / total, 1),
         "seconds": round(total, 4),
         "polled_seconds": round(polled, 4),
@@ -557,6 +582,17 @@ def one_run(args: argparse.Namespace, prefix: str, index: int, log_dir: Path) ->
             f"{result['startup_s']:.2f}s), steady {result['steady_per_s']:,.0f}/s"
         )
 
+    if args.drain_processes > 1:
+        procs, concurrency = args.drain_processes, args.drain_processes_concurrency
+        log(
+            f"run {index + 1}: drain {sizes['drain']} jobs, {procs} workers, "
+            f"concurrency {concurrency} each"
+        )
+        tag = f"r{index}p{procs}"
+        result = measure_drain(sizes["drain"], concurrency, prefix, tag, log_dir, processes=procs)
+        run["drain_processes"] = result
+        log(f"  {result['per_s']:,.0f}/s spawn to last, steady {result['steady_per_s']:,.0f}/s")
+
     log(f"run {index + 1}: request/response, {sizes['rr']} sequential calls")
     run["rr"] = measure_rr(sizes["rr"], 50, args.rr_concurrency, prefix, log_dir)
     log(f"  p50 {run['rr']['p50']:.3f} ms, p99 {run['rr']['p99']:.3f} ms")
@@ -584,6 +620,16 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
     best_c = max(drain_by_c, key=lambda c: drain_by_c[c]["per_s"] or 0)
     best = drain_by_c[best_c]
+    several: dict[str, Any] = {}
+    if "drain_processes" in runs[0]:
+        procs = runs[0]["drain_processes"]["processes"]
+        several = {
+            f"drain_{procs}_processes_per_s": med(run["drain_processes"]["per_s"] for run in runs),
+            f"drain_{procs}_processes_steady_per_s": med(
+                run["drain_processes"]["steady_per_s"] for run in runs
+            ),
+            f"drain_{procs}_processes_concurrency": runs[0]["drain_processes"]["concurrency"],
+        }
     return {
         "enqueue_one_per_s": med(run["enqueue_one"]["per_s"] for run in runs),
         **{
@@ -602,6 +648,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "drain_first_to_last_s": best["first_to_last_s"],
         "drain_steady_per_s": best["steady_per_s"],
         "drain_by_concurrency": drain_by_c,
+        **several,
         "rr_p50_ms": med(run["rr"]["p50"] for run in runs),
         "rr_p99_ms": med(run["rr"]["p99"] for run in runs),
         "rr_mean_ms": med(run["rr"]["mean"] for run in runs),
@@ -689,6 +736,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-concurrency",
         default="32,64,128",
         help="worker --concurrency values tried for the drain (best reported)",
+    )
+    parser.add_argument(
+        "--drain-processes",
+        type=int,
+        default=4,
+        help="also drain with this many runworker processes at once (0 or 1: skip)",
+    )
+    parser.add_argument(
+        "--drain-processes-concurrency",
+        type=int,
+        default=32,
+        help="--concurrency of each of the --drain-processes workers",
     )
     parser.add_argument("--rr-concurrency", type=int, default=8, help="worker of the rr test")
     parser.add_argument("--chunks", default="500,1000", help="enqueue_many chunk sizes tried")
