@@ -105,6 +105,7 @@ class Supervisor:
         self.restart_delay = restart_delay
         self.launcher = launcher or [sys.executable, str(ROOT / "manage.py")]
         self.kills: list[Kill] = []
+        self.exits: list[int] = []  # return codes of processes that died and were restarted
         self.starts = 0
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = [self._start(i) for i in range(slots)]
@@ -126,6 +127,7 @@ class Supervisor:
         while not self._stop.wait(0.05):
             for slot, proc in enumerate(self.procs):
                 if proc.poll() is not None:
+                    self.exits.append(proc.returncode)
                     time.sleep(self.restart_delay)
                     with self.lock:
                         if not self._stop.is_set():
