@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound
@@ -32,6 +33,14 @@ class StorageUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "the job storage is unreachable; try again shortly"
     default_code = "storage_unavailable"
+
+
+class StorageFull(StorageUnavailable):
+    """Redis refuses writes at ``maxmemory`` (policy ``noeviction``, the one a queue needs): the
+    request wrote nothing (a script's first write is the one refused), so a retry is safe."""
+
+    default_detail = "the job storage is full (Redis maxmemory); try again later"
+    default_code = "storage_full"
 
 
 class PayloadTooLargeError(APIException):
@@ -64,6 +73,9 @@ def translate(exc: Exception) -> Exception:
         return DRFValidationError({"non_field_errors": [str(exc)]})
     if isinstance(exc, QueueBusy):
         return Conflict(str(exc), "active")
+    if isinstance(exc, RedisOutOfMemoryError):
+        logger.error("storage full: %s", exc)
+        return StorageFull()
     if isinstance(exc, STORAGE_ERRORS) or (
         isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
     ):
