@@ -108,36 +108,45 @@ class Ledger:
 
 # -- the handler's side (worker processes) -----------------------------------------------------
 
-_local = threading.local()
+# One connection per worker process, shared by its handler threads under a lock: a connection
+# per thread would take 128 of PostgreSQL's 100 slots with 4 workers × 32, and each write here
+# is a fraction of a millisecond.
+_conn: psycopg.Connection | None = None
+_conn_lock = threading.Lock()
 
 
 def _connection() -> psycopg.Connection:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ[ENV_DSN], autocommit=True)
+    global _conn
+    if _conn is None or _conn.closed:
+        _conn = psycopg.connect(os.environ[ENV_DSN], autocommit=True)
         # The ledger is the test's record, not the system under test: PostgreSQL is not crashed
         # here, so commits need not wait for the disk (a 2-core machine runs 20,000 jobs).
-        conn.execute("SET synchronous_commit = off")
-        _local.conn = conn
-    return conn
+        _conn.execute("SET synchronous_commit = off")
+    return _conn
 
 
 def start_run(job_id: str, attempt: int, token: int, started: float) -> int:
-    row = _connection().execute(
-        "INSERT INTO executions (job_id, attempt, token, pid, started)"
-        " VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        (job_id, attempt, token, os.getpid(), started),
-    ).fetchone()
+    with _conn_lock:
+        row = (
+            _connection()
+            .execute(
+                "INSERT INTO executions (job_id, attempt, token, pid, started)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (job_id, attempt, token, os.getpid(), started),
+            )
+            .fetchone()
+        )
     assert row is not None
     return int(row[0])
 
 
 def finish_run(run_id: int, job_id: str, finished: float) -> None:
-    conn = _connection()
-    with conn.transaction():
-        conn.execute(
-            "INSERT INTO effects (job_id) VALUES (%s)"
-            " ON CONFLICT (job_id) DO UPDATE SET runs = effects.runs + 1",
-            (job_id,),
-        )
-        conn.execute("UPDATE executions SET finished = %s WHERE id = %s", (finished, run_id))
+    with _conn_lock:
+        conn = _connection()
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO effects (job_id) VALUES (%s)"
+                " ON CONFLICT (job_id) DO UPDATE SET runs = effects.runs + 1",
+                (job_id,),
+            )
+            conn.execute("UPDATE executions SET finished = %s WHERE id = %s", (finished, run_id))

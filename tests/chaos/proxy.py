@@ -160,7 +160,9 @@ class _Pair:
         proxy = self.proxy
         delayed: collections.deque[tuple[float, bytes]] = collections.deque()
         ready = threading.Condition()
-        sender = threading.Thread(target=self._send_delayed, args=(dst, delayed, ready), daemon=True)
+        sender = threading.Thread(
+            target=self._send_delayed, args=(dst, delayed, ready), daemon=True
+        )
         sender.start()
         try:
             while not self.done.is_set():

@@ -93,12 +93,21 @@ class Kill:
 
 
 class Supervisor:
-    """Keeps ``slots`` processes of one command (``runworker ...``) running, as systemd or Kubernetes would: a process that
-    died is started again (after ``restart_delay``). ``kill`` sends a signal to one slot's
-    process and records when, for the recovery-time figures."""
+    """Keeps ``slots`` processes of one command (``runworker ...``) running, as systemd or
+    Kubernetes would: a process that died is started again (after ``restart_delay``).
+    ``kill`` sends a signal to one slot's process and records when, for the recovery-time
+    figures."""
 
-    def __init__(self, args: list[str], env: dict, log_dir: Path, slots: int, *,
-                 restart_delay: float = 0.2, launcher: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: list[str],
+        env: dict,
+        log_dir: Path,
+        slots: int,
+        *,
+        restart_delay: float = 0.2,
+        launcher: list[str] | None = None,
+    ) -> None:
         self.args = args
         self.env = env
         self.log_dir = log_dir

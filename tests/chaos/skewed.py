@@ -2,8 +2,8 @@
 
 The injected clock shifts ``time.time`` and ``time.time_ns``, the wall clock the worker's and
 its handlers' Python code reads for timestamps (``datetime.now`` reads the C clock and is not
-shifted); monotonic clocks stay true, as they do on a host whose wall clock drifted. Used as a Supervisor launcher:
-``[python, tests/chaos/skewed.py]``."""
+shifted); monotonic clocks stay true, as they do on a host whose wall clock drifted. Used as
+a Supervisor launcher: ``[python, tests/chaos/skewed.py]``."""
 
 import os
 import runpy

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import time
 
-
 from django_jobq import JobState
 from django_jobq.job import AckOutcome
 
@@ -78,8 +77,8 @@ def test_sigstopped_worker_is_fenced_off_after_its_job_was_reclaimed(
     frozen.kill(0, signal.SIGCONT)
     resumed_at = time.time()
     # The resumed worker's handlers finish their runs and send stale completes.
-    assert wait_until(lambda: ledger.query(
-        "SELECT count(*) FROM executions WHERE finished IS NOT NULL")[0][0] == 2 * n, 20)  # fmt: skip
+    finished = "SELECT count(*) FROM executions WHERE finished IS NOT NULL"
+    assert wait_until(lambda: ledger.query(finished)[0][0] == 2 * n, 20)
     assert wait_until(lambda: frozen.logs().count("verdict complete refused") == n, 20)
     report(
         fault="3. SIGSTOP a worker for 3 × lease, then SIGCONT",
