@@ -12,8 +12,8 @@ from drf_spectacular.openapi import AutoSchema
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework import parsers, status
+from rest_framework.exceptions import APIException, NotFound, ParseError
 from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -100,6 +100,26 @@ def check_body_size(request: Any) -> None:
         )
 
 
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, except that a document nested deeper than Python's recursion limit
+    (``[[[[…]]]]``, a few hundred kB) is a 400 like any other unreadable body: the stdlib
+    decoder raises RecursionError there, which DRF lets through as a 500."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
+
+
+def _parsers() -> list[type[parsers.BaseParser]]:
+    """The project's parser classes, with DRF's JSON parser replaced by ours."""
+    return [
+        JSONParser if cls is parsers.JSONParser else cls
+        for cls in api_settings.DEFAULT_PARSER_CLASSES
+    ]
+
+
 class JobQView(APIView):
     """Base of the API's views. ``jobq_action`` names the scope a request needs."""
 
@@ -107,6 +127,7 @@ class JobQView(APIView):
     # The project's own authentication classes still apply; an API key is one more way in.
     authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     permission_classes = [JobQPermission]
+    parser_classes = _parsers()
     throttle_classes = [JobQRateThrottle]
     # Our own, whatever DEFAULT_SCHEMA_CLASS the project has: the schema stays complete.
     schema = AutoSchema()
