@@ -322,7 +322,10 @@ class Worker:
     def _handler_loop(self, slot: int) -> None:
         runner = self._runner
         assert not isinstance(runner, AsyncRunner)  # it has no handler threads
-        while (item := self._work.get()) is not None:
+        while True:
+            runner.ready(slot)  # process pool: a restarting child takes no job until it is up
+            if (item := self._work.get()) is None:
+                break
             if not isinstance(item, list):  # the hot path: one job
                 entry = self._start(item)
                 if entry is not None:
