@@ -323,7 +323,16 @@ class Worker:
         runner = self._runner
         assert not isinstance(runner, AsyncRunner)  # it has no handler threads
         while True:
-            runner.ready(slot)  # process pool: a restarting child takes no job until it is up
+            if not runner.is_ready(slot):
+                # Process pool: a starting child takes no job until it is up, and its slot is
+                # not free meanwhile, so the fetcher claims no job that would wait for it
+                # (another worker's free slot takes it instead).
+                with self._cond:
+                    self._free -= 1
+                runner.ready(slot)
+                with self._cond:
+                    self._free += 1
+                    self._cond.notify_all()
             if (item := self._work.get()) is None:
                 break
             if not isinstance(item, list):  # the hot path: one job

@@ -100,6 +100,10 @@ class ProcessRunner:
             child.kill()
         self._children[slot] = _Child(self._ctx, slot)
 
+    def is_ready(self, slot: int) -> bool:
+        child = self._children[slot] if slot < len(self._children) else None
+        return child is not None and child.ready and child.process.is_alive()
+
     def ready(self, slot: int) -> None:
         """Wait until this slot's child is up. The slot's handler thread calls this before it
         takes its next job, so that a child restarting after a crash or a hard timeout (about
