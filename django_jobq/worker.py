@@ -249,6 +249,8 @@ class Worker:
                 failures = 0
             except Exception as exc:  # storage unreachable: back off, never crash
                 failures += 1
+                # Capped (RECONNECT_MAX, 1 s): a longer pause would delay the restart of
+                # processing by as much after Redis comes back; a claim a second costs nothing.
                 delay = min(RECONNECT_MAX, 0.1 * 2**failures)
                 logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 self._stopping.wait(delay)
@@ -346,7 +348,19 @@ class Worker:
     def _handler_loop(self, slot: int) -> None:
         runner = self._runner
         assert not isinstance(runner, AsyncRunner)  # it has no handler threads
-        while (item := self._work.get()) is not None:
+        while True:
+            if not runner.is_ready(slot):
+                # Process pool: a starting child takes no job until it is up, and its slot is
+                # not free meanwhile, so the fetcher claims no job that would wait for it
+                # (another worker's free slot takes it instead).
+                with self._cond:
+                    self._free -= 1
+                runner.ready(slot)
+                with self._cond:
+                    self._free += 1
+                    self._cond.notify_all()
+            if (item := self._work.get()) is None:
+                break
             if not isinstance(item, list):  # the hot path: one job
                 entry = self._start(item)
                 if entry is not None:

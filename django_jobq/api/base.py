@@ -10,9 +10,10 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework import parsers, status
+from rest_framework.exceptions import APIException, NotFound, ParseError
 from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -32,6 +33,14 @@ class StorageUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "the job storage is unreachable; try again shortly"
     default_code = "storage_unavailable"
+
+
+class StorageFull(StorageUnavailable):
+    """Redis refuses writes at ``maxmemory`` (policy ``noeviction``, the one a queue needs): the
+    request wrote nothing (a script's first write is the one refused), so a retry is safe."""
+
+    default_detail = "the job storage is full (Redis maxmemory); try again later"
+    default_code = "storage_full"
 
 
 class PayloadTooLargeError(APIException):
@@ -64,6 +73,9 @@ def translate(exc: Exception) -> Exception:
         return DRFValidationError({"non_field_errors": [str(exc)]})
     if isinstance(exc, QueueBusy):
         return Conflict(str(exc), "active")
+    if isinstance(exc, RedisOutOfMemoryError):
+        logger.error("storage full: %s", exc)
+        return StorageFull()
     if isinstance(exc, STORAGE_ERRORS) or (
         isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
     ):
@@ -88,6 +100,26 @@ def check_body_size(request: Any) -> None:
         )
 
 
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, except that a document nested deeper than Python's recursion limit
+    (``[[[[…]]]]``, a few hundred kB) is a 400 like any other unreadable body: the stdlib
+    decoder raises RecursionError there, which DRF lets through as a 500."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
+
+
+def _parsers() -> list[type[parsers.BaseParser]]:
+    """The project's parser classes, with DRF's JSON parser replaced by ours."""
+    return [
+        JSONParser if cls is parsers.JSONParser else cls
+        for cls in api_settings.DEFAULT_PARSER_CLASSES
+    ]
+
+
 class JobQView(APIView):
     """Base of the API's views. ``jobq_action`` names the scope a request needs."""
 
@@ -95,6 +127,7 @@ class JobQView(APIView):
     # The project's own authentication classes still apply; an API key is one more way in.
     authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     permission_classes = [JobQPermission]
+    parser_classes = _parsers()
     throttle_classes = [JobQRateThrottle]
     # Our own, whatever DEFAULT_SCHEMA_CLASS the project has: the schema stays complete.
     schema = AutoSchema()

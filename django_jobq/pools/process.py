@@ -100,6 +100,22 @@ class ProcessRunner:
             child.kill()
         self._children[slot] = _Child(self._ctx, slot)
 
+    def is_ready(self, slot: int) -> bool:
+        child = self._children[slot] if slot < len(self._children) else None
+        return child is not None and child.ready and child.process.is_alive()
+
+    def ready(self, slot: int) -> None:
+        """Wait until this slot's child is up. The slot's handler thread calls this before it
+        takes its next job, so that a child restarting after a crash or a hard timeout (about
+        a second of Django start-up) delays no job: the other slots take them meanwhile."""
+        if slot >= len(self._children):  # stopped: the worker is shutting down
+            return
+        try:
+            self._child(slot)
+        except (ChildDied, EOFError, OSError) as exc:  # run_batch starts another and reports
+            logger.error("the child process of slot %d did not start: %s", slot, exc)
+            self._replace(slot)
+
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
         return self.run_batch(slot, [claimed], [job])[0]
 

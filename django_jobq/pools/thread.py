@@ -21,6 +21,12 @@ class ThreadRunner:
     def start(self, slots: int) -> None:
         """Nothing to start: the worker's handler threads are the pool."""
 
+    def is_ready(self, slot: int) -> bool:
+        return True
+
+    def ready(self, slot: int) -> None:
+        """A thread is always ready for its next job."""
+
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
         return execute(claimed, self.handlers, job)
 

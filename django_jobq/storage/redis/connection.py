@@ -6,23 +6,36 @@ from typing import Any
 
 from ...errors import ConfigurationError
 
-# Blocking calls (BLPOP) wait at most this long per call, so a socket timeout above it never
-# fires on a healthy connection and a dead one is noticed within one interval.
+# Blocking calls (BLPOP, XREAD BLOCK) wait at most this long per call.
 MAX_BLOCK_SECONDS = 5.0
+# How long an ordinary command (or a connect) may go unanswered before the storage reports
+# Redis unreachable. Redis runs one command at a time, so a healthy server answers in
+# milliseconds; a longer default would let one partitioned server hang every API request and
+# worker step for as long (the API promises a 503 within 2 s). Blocking calls read with their
+# own wait plus this (``blocking_command``). A URL's ``?socket_timeout=`` overrides it.
+COMMAND_TIMEOUT = 1.0
 
 
 def client_from_url(url: str, **options: Any) -> Any:
     import redis
     from redis.backoff import ExponentialWithJitterBackoff
-    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.exceptions import ConnectionError
     from redis.retry import Retry
 
-    options.setdefault("socket_timeout", MAX_BLOCK_SECONDS + 10)
-    options.setdefault("socket_connect_timeout", 5)
+    options.setdefault("socket_timeout", COMMAND_TIMEOUT)
+    options.setdefault("socket_connect_timeout", COMMAND_TIMEOUT)
     options.setdefault("socket_keepalive", True)
     options.setdefault("health_check_interval", 30)
-    options.setdefault("retry", Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), 3))
-    options.setdefault("retry_on_error", [ConnectionError, TimeoutError])
+    # Retried: a refused or reset connection (the command most likely never ran, and scripts
+    # are fenced or deduplicated if it did). Not retried: a timeout, which means the server is
+    # not answering; four more waits would only make the caller's error four times later.
+    options.setdefault(
+        "retry",
+        Retry(
+            ExponentialWithJitterBackoff(cap=1.0, base=0.05), 3, supported_errors=(ConnectionError,)
+        ),
+    )
+    options.setdefault("retry_on_error", [ConnectionError])
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
@@ -40,3 +53,28 @@ def client_from_cache_alias(alias: str) -> Any:
         raise ConfigurationError(
             f"cache alias {alias!r} is not a django-redis cache: {exc}"
         ) from exc
+
+
+def blocking_command(client: Any, wait: float, *args: Any, **options: Any) -> Any:
+    """Run one blocking command that may take ``wait`` seconds to answer (BLPOP, XREAD BLOCK),
+    reading its reply with a timeout of ``wait`` plus ``COMMAND_TIMEOUT``: the client's socket
+    timeout is sized for ordinary commands, and a partitioned server must not hold a caller
+    much past its own deadline either. A stale pooled connection (refused, reset) is replaced
+    once, as the client's retry would for an ordinary command."""
+    from redis.exceptions import ConnectionError
+
+    pool = client.connection_pool
+    for attempt in (1, 2):
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*args)
+            response = conn.read_response(timeout=wait + COMMAND_TIMEOUT)
+            break
+        except ConnectionError:
+            conn.disconnect()
+            if attempt == 2:
+                raise
+        finally:
+            pool.release(conn)
+    callback = client.response_callbacks.get(args[0])
+    return callback(response, **options) if callback else response

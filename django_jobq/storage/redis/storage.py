@@ -29,7 +29,7 @@ from ...job import (
 )
 from ...states import TERMINAL_STATES, JobState
 from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
-from .connection import MAX_BLOCK_SECONDS
+from .connection import MAX_BLOCK_SECONDS, blocking_command
 from .keys import GlobalKeys, QueueKeys
 from .scripts import Scripts
 
@@ -424,7 +424,7 @@ class RedisStorage(Storage):
         keys = [self.keys(q).wake for q in queues]
         if worker_id is not None:
             keys.append(self.keys(queues[0]).worker_wake(worker_id))
-        self.client.blpop(keys, timeout=timeout)
+        blocking_command(self.client, timeout, "BLPOP", *keys, timeout)
 
     def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
         key = self.keys(queues[0]).worker_wake(worker_id)
@@ -673,7 +673,8 @@ class RedisStorage(Storage):
         done_key = self.keys(queue).done(job_id)
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
-            popped = self.client.blpop([done_key], timeout=min(remaining, MAX_BLOCK_SECONDS))
+            wait = min(remaining, MAX_BLOCK_SECONDS)
+            popped = blocking_command(self.client, wait, "BLPOP", done_key, wait)
             if popped:
                 state, _, body = popped[1].partition(b"\n")
                 st = JobState(state.decode())
@@ -721,8 +722,14 @@ class RedisStorage(Storage):
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
         key = self.keys(queue).events
-        block_ms = None if not block else int(min(block, MAX_BLOCK_SECONDS) * 1000)
-        reply = self.client.xread({key: after}, count=count, block=block_ms)
+        if not block:
+            reply = self.client.xread({key: after}, count=count)
+        else:
+            wait = min(block, MAX_BLOCK_SECONDS)
+            reply = blocking_command(
+                self.client, wait, "XREAD", "COUNT", count, "BLOCK", int(wait * 1000),
+                "STREAMS", key, after,
+            )  # fmt: skip
         return [
             _event(queue, eid, fields)
             for _stream, entries in reply or []
@@ -913,8 +920,14 @@ class RedisStorage(Storage):
         """New events for this consumer (or, with ``pending``, those it read but never acked)."""
         streams = {self.keys(q).events: ("0" if pending else ">") for q in queues}
         by_key = {self.keys(q).events: q for q in queues}
-        block_ms = None if not block else int(min(block, MAX_BLOCK_SECONDS) * 1000)
-        reply = self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
+        if not block:
+            reply = self.client.xreadgroup(group, consumer, streams, count=count)
+        else:
+            wait = min(block, MAX_BLOCK_SECONDS)
+            reply = blocking_command(
+                self.client, wait, "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
+                "BLOCK", int(wait * 1000), "STREAMS", *streams, *streams.values(),
+            )  # fmt: skip
         events = []
         for stream, entries in reply or []:
             queue = by_key[_s(stream)]
