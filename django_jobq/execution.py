@@ -115,6 +115,7 @@ def prepare(
         job = make_job(claimed, payload)
     else:
         job.payload = payload
+    job.meta = meta
     flow = meta.get("flow")
     if isinstance(flow, dict):
         held = _flow_parent(claimed, flow, job, label)
@@ -149,22 +150,28 @@ def _flow_parent(claimed: ClaimedJob, flow: dict[str, Any], job: Job, label: str
     return None
 
 
+def envelope_meta(claimed: ClaimedJob) -> dict[str, Any]:
+    """A claimed job's per-job settings (``envelope.py``); {} for a plain job, at no cost. The
+    worker reads them once per job into ``Job.meta`` for timeouts and the flow fast path."""
+    if not envelope.is_enveloped(claimed.content_type):
+        return {}
+    try:
+        value = serde_for(claimed.content_type).loads(claimed.payload)
+    except Exception:  # noqa: BLE001 - malformed: prepare() fails it; no settings apply
+        return {}
+    return envelope.unwrap(claimed.content_type, value)[1]
+
+
 def job_timeouts(
-    claimed: ClaimedJob, registry: HandlerRegistry
+    queue: str, registry: HandlerRegistry, meta: dict[str, Any]
 ) -> tuple[float | None, float | None]:
     """(soft, hard) timeout of one job in seconds: its own (``enqueue(..., timeout=,
-    hard_timeout=)``, from its envelope) over its handler's."""
-    options = registry.options(claimed.queue)
-    soft, hard = options.timeout, options.hard_timeout
-    if envelope.is_enveloped(claimed.content_type):
-        try:
-            value = serde_for(claimed.content_type).loads(claimed.payload)
-        except Exception:  # noqa: BLE001 - malformed: prepare() fails it, no timeout needed
-            return soft, hard
-        meta = envelope.unwrap(claimed.content_type, value)[1]
-        soft = _positive(meta.get("timeout"), soft)
-        hard = _positive(meta.get("hard_timeout"), hard)
-    return soft, hard
+    hard_timeout=)``, from its envelope's ``meta``) over its handler's."""
+    options = registry.options(queue)
+    if not meta:
+        return options.timeout, options.hard_timeout
+    return (_positive(meta.get("timeout"), options.timeout),
+            _positive(meta.get("hard_timeout"), options.hard_timeout))  # fmt: skip
 
 
 def _positive(value: Any, default: float | None) -> float | None:

@@ -34,7 +34,6 @@ from .errors import FlowError, InvalidOption
 from .job import (
     PARKED_FLOOR,
     PARKED_MS,
-    ClaimedJob,
     EnqueueOutcome,
     EnqueueResult,
     JobOptions,
@@ -307,15 +306,7 @@ def resolve_parked(storage: Storage, queue: str, limit: int = SWEEP_LIMIT) -> in
     return released
 
 
-def parents_of(claimed: ClaimedJob) -> list[Key]:
-    """Parents named in a finished child's envelope (for the worker's fast path)."""
-    from .queue import serde_for
-
-    if not envelope.is_enveloped(claimed.content_type):
-        return []
-    try:
-        value = serde_for(claimed.content_type).loads(claimed.payload)
-    except Exception:  # noqa: BLE001 - malformed: the sweep still resolves its parents
-        return []
-    parents = envelope.unwrap(claimed.content_type, value)[1].get("parents") or []
+def parents_of(meta: dict[str, Any]) -> list[Key]:
+    """Parents named in a finished child's envelope ``meta`` (the worker's fast path)."""
+    parents = meta.get("parents") or []
     return [(str(p[0]), str(p[1])) for p in parents if isinstance(p, list) and len(p) == 2]

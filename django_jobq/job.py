@@ -427,6 +427,8 @@ class Job:
     logs: list[str] = field(default_factory=list, repr=False)
     # A flow parent's children, in the order the flow named them (see flows.py).
     children: tuple[ChildOutcome, ...] = ()
+    # Per-job settings from the job's envelope (timeouts, flow links); {} for a plain job.
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def child_results(self) -> dict[str, Any]:

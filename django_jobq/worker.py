@@ -28,9 +28,8 @@ from functools import partial
 from . import flows
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
-from .envelope import is_enveloped
 from .errors import ConfigurationError, JobCancelled
-from .execution import error_body, job_timeouts, make_job
+from .execution import envelope_meta, error_body, job_timeouts, make_job
 from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
@@ -285,6 +284,7 @@ class Worker:
             self._free -= len(jobs)
             for claimed in jobs:
                 job = make_job(claimed, None)
+                job.meta = envelope_meta(claimed)
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner),
@@ -321,7 +321,7 @@ class Worker:
     # -- running ----------------------------------------------------------------------------
 
     def _soft_timeout(self, claimed: ClaimedJob, jobs: list[Job]) -> int | None:
-        timeout, hard = job_timeouts(claimed, self.handlers)
+        timeout, hard = job_timeouts(claimed.queue, self.handlers, jobs[0].meta)
         if hard is not None and not self._runner.supports_hard_timeout:
             # A job's own hard_timeout on the thread pool (the worker refuses handler-wide
             # ones here): nothing can stop a thread, so it is asked to stop, as a soft one.
@@ -444,17 +444,17 @@ class Worker:
                 entry = self._inflight.pop((name, ack.job_id, ack.token), None)
                 if entry is not None:
                     self._free += 1
-                    if outcome in _FINAL and is_enveloped(entry.claimed.content_type):
-                        flow_children.append(entry.claimed)
+                    if outcome in _FINAL and "parents" in entry.job.meta:
+                        flow_children.append(entry.job.meta)
                 self._count(name, ack, outcome)
             self._cond.notify_all()
-        for claimed in flow_children:
-            self._resolve_parents(claimed)
+        for meta in flow_children:
+            self._resolve_parents(meta)
 
-    def _resolve_parents(self, claimed: ClaimedJob) -> None:
+    def _resolve_parents(self, meta: dict) -> None:
         """Fast path of flows: a child that finished releases its parents now, not at the
         next sweep. Errors only delay them until that sweep."""
-        for queue, job_id in flows.parents_of(claimed):
+        for queue, job_id in flows.parents_of(meta):
             try:
                 flows.resolve(self.storage, queue, job_id)
             except Exception as exc:

@@ -37,7 +37,7 @@ class AsyncRunner:
         """Start the job on the loop; ``done`` gets its verdict (from the loop's thread)."""
         loop = self._loop
         assert loop is not None, "start() first"
-        hard = job_timeouts(claimed, self.handlers)[1]
+        hard = job_timeouts(claimed.queue, self.handlers, job.meta)[1]
         key = (claimed.queue, claimed.job_id, claimed.token)
 
         def finished(task: asyncio.Task) -> None:

@@ -120,7 +120,7 @@ class ProcessRunner:
         return self.run_batch(slot, [claimed], [job])[0]
 
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
-        hard = job_timeouts(claimed[0], self.handlers)[1]
+        hard = job_timeouts(claimed[0].queue, self.handlers, jobs[0].meta)[1]
         label = f"[{claimed[0].queue}/{','.join(c.job_id for c in claimed)[:200]}]"
         self._running[slot] = {(c.queue, c.job_id, c.token) for c in claimed}
         try:
