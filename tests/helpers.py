@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +59,27 @@ class Spawner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+@contextmanager
+def running_workers(storage: Any, **defaults: Any) -> Iterator[Callable[..., Any]]:
+    """``start(queues, **kwargs)`` runs an in-process Worker on ``storage`` (lease 5 s, grace
+    1 s unless given) and waits until it serves; every worker started is stopped on exit."""
+    from django_jobq.worker import Worker
+
+    workers: list[Worker] = []
+
+    def start(queues: list[str], **kwargs: Any) -> Worker:
+        options = {"lease": 5000, "grace": 1, **defaults, **kwargs}
+        worker = Worker(queues, storage=storage, **options)
+        worker.start()
+        assert worker.started.is_set(), "worker did not start"
+        workers.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in workers:
+            worker.stop(hurry=True)
+            assert worker.stopped.wait(20)

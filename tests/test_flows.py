@@ -19,10 +19,9 @@ from django_jobq.job import PARKED_MS, EnqueueOutcome
 from django_jobq.queue import Queue
 from django_jobq.registry import registry
 from django_jobq.storage.base import Ack
-from django_jobq.worker import Worker
 from tests.jobsapp import jobs
 
-from .helpers import wait_until
+from .helpers import running_workers, wait_until
 
 LEAF, SUM, STEP = "tests-flow-leaf", "tests-flow-sum", "tests-flow-step"
 
@@ -182,20 +181,8 @@ def test_a_parents_own_delay_applies_after_its_children(storage, clock):
 
 @pytest.fixture
 def run(live_storage):
-    workers: list[Worker] = []
-
-    def start(queues: list[str], **kwargs) -> Worker:
-        kwargs.setdefault("lease", 5000)
-        worker = Worker(queues, storage=live_storage, grace=1, **kwargs)
-        worker.start()
-        assert worker.started.is_set(), "worker did not start"
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop(hurry=True)
-        assert worker.stopped.wait(20)
+    with running_workers(live_storage) as start:
+        yield start
 
 
 def _finished(queue: Queue, job_id: str, timeout: float = 20) -> JobState | None:
@@ -291,17 +278,12 @@ def test_a_jobs_own_soft_timeout_stops_a_cooperative_handler(pool, redis_client,
     from django_jobq.storage.redis.storage import RedisStorage
 
     storage = RedisStorage(redis_client, prefix=redis_prefix)
-    worker = Worker(["tests-soft-forever"], storage=storage, grace=1, lease=5000,
-                    pool=pool, concurrency=1)  # fmt: skip
-    worker.start()
-    try:
+    with running_workers(storage) as start:
+        start(["tests-soft-forever"], pool=pool, concurrency=1)
         queue = Queue("tests-soft-forever", storage=storage)
         queue.enqueue("short-leash", {}, timeout=0.3)
         assert _finished(queue, "short-leash", 10) is JobState.COMPLETED
         assert queue.get_result("short-leash").value == "stopped"  # long before its 30 s
-    finally:
-        worker.stop(hurry=True)
-        assert worker.stopped.wait(20)
 
 
 @pytest.mark.redis
@@ -309,10 +291,8 @@ def test_a_jobs_own_hard_timeout_kills_its_child_and_the_worker_goes_on(redis_cl
     from django_jobq.storage.redis.storage import RedisStorage
 
     storage = RedisStorage(redis_client, prefix=redis_prefix)
-    worker = Worker(["tests-job-hang"], storage=storage, grace=1, lease=5000,
-                    pool="process", concurrency=1)  # fmt: skip
-    worker.start()
-    try:
+    with running_workers(storage) as start:
+        worker = start(["tests-job-hang"], pool="process", concurrency=1)
         queue = Queue("tests-job-hang", storage=storage)
         queue.enqueue("stuck", {"seconds": 60}, hard_timeout=0.5, max_attempts=1)
         assert _finished(queue, "stuck", 15) is JobState.FAILED
@@ -320,21 +300,3 @@ def test_a_jobs_own_hard_timeout_kills_its_child_and_the_worker_goes_on(redis_cl
         queue.enqueue("next", {"seconds": 0})  # the handler itself has no timeout
         assert _finished(queue, "next", 15) is JobState.COMPLETED
         assert queue.get_result("next").value["pid"] in worker._runner.pids()
-    finally:
-        worker.stop(hurry=True)
-        assert worker.stopped.wait(20)
-
-
-def test_a_child_without_a_record_is_lost_only_after_the_grace_period(storage):
-    from django_jobq.flows import LOST_GRACE_MS, resolve
-
-    enqueue_flow(node(SUM, "orphan", children=[node(LEAF, "vanished", {"value": 1})]),
-                 storage=storage)  # fmt: skip
-    storage.cancel(LEAF, "vanished")
-    assert storage.delete_finished(LEAF, ["vanished"]) == 1
-    born = storage.get_record(SUM, "orphan").created_at
-    assert not resolve(storage, SUM, "orphan", now_ms=born + 1000)  # may still be coming
-    assert resolve(storage, SUM, "orphan", now_ms=born + LOST_GRACE_MS)
-    (claimed,) = storage.claim(SUM, "w", 1, 30_000).jobs
-    verdict = prepare(claimed, registry)
-    assert isinstance(verdict, Ack) and b"has no record" in verdict.body

@@ -17,7 +17,7 @@ from django_jobq.storage.redis.storage import RedisStorage
 from django_jobq.worker import Worker
 from tests.jobsapp import jobs
 
-from .helpers import Spawner, wait_until
+from .helpers import Spawner, running_workers, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -29,20 +29,8 @@ def storage(redis_client, redis_prefix) -> RedisStorage:
 
 @pytest.fixture
 def run(storage):
-    workers: list[Worker] = []
-
-    def start(queues: list[str], **kwargs) -> Worker:
-        kwargs.setdefault("lease", 5000)
-        worker = Worker(queues, storage=storage, grace=1, **kwargs)
-        worker.start()
-        assert worker.started.is_set(), "worker did not start"
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop(hurry=True)
-        assert worker.stopped.wait(20)
+    with running_workers(storage) as start:
+        yield start
 
 
 def done(queue: Queue, job_id: str, timeout: float = 20) -> bool:
