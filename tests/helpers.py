@@ -39,10 +39,13 @@ class Spawner:
         }
         self.procs: list[subprocess.Popen] = []
 
+    def argv(self, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"]
+
     def __call__(self, *args: str, log: str = "proc") -> subprocess.Popen:
         out = (self.log_dir / f"{log}-{len(self.procs)}.log").open("w")
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args, "--settings", "tests.settings"],
+            self.argv(args),
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         proc.log_path = out.name  # type: ignore[attr-defined]

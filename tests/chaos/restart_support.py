@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.helpers import Spawner
+
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "chaos-restart"
 LEDGER_DB = "jobq_journal_ledger"
@@ -221,41 +223,22 @@ def write_report(test: str, **figures) -> None:
 # -- worker and reaper processes ----------------------------------------------------------------
 
 
-class Processes:
+class Processes(Spawner):
     """``runworker`` / ``runreaper`` through this module's entry point, stopped by PID."""
 
     def __init__(self, workdir: Path, redis_url: str) -> None:
-        self.workdir = workdir
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "PYTHONPATH": str(ROOT),
+        super().__init__(workdir, {
             "JOBQ_TEST_REDIS_URL": redis_url,
             "JOBQ_TEST_PREFIX": "jobq",
             "JOBQ_TEST_SQLITE": str(workdir / "subprocess.sqlite3"),
-        }
-        self.procs: list[subprocess.Popen] = []
+        })  # fmt: skip
+        self.workdir = workdir
+
+    def argv(self, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "-m", "tests.chaos.restart_support", *args]
 
     def spawn(self, *args: str, log: str) -> subprocess.Popen:
-        out = (self.workdir / f"{log}-{len(self.procs)}.log").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.restart_support", *args],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        proc.log_path = out.name  # type: ignore[attr-defined]
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        return self(*args, log=log)
 
 
 def _register_handler() -> None:
