@@ -120,13 +120,7 @@ class Reaper:
         try:
             fired = fire_due(storage=self.storage, using=alias, grace=grace)
         except Exception as exc:
-            # Once a minute at most (or when the error changes): a reaper without the schedule
-            # table would otherwise log every sweep.
-            message = f"{type(exc).__name__}: {exc}"
-            last = self._schedule_error
-            if last is None or last[0] != message or time.monotonic() - last[1] >= 60:
-                logger.warning("schedules not fired: %s", message)
-                self._schedule_error = (message, time.monotonic())
+            self._schedule_error = _warn_rarely("schedules not fired", exc, self._schedule_error)
             # A broken connection of this long-lived thread is not replaced by Django's
             # request cycle: drop it so the next sweep reconnects.
             connections[alias].close_if_unusable_or_obsolete()
@@ -145,11 +139,9 @@ class Reaper:
         try:
             reports = reconcile(self.storage, self.fixed_queues)
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            last = self._reconcile_error
-            if last is None or last[0] != message or time.monotonic() - last[1] >= 60:
-                logger.warning("journal not reconciled: %s", message)
-                self._reconcile_error = (message, time.monotonic())
+            self._reconcile_error = _warn_rarely(
+                "journal not reconciled", exc, self._reconcile_error
+            )
             connections[journal_alias()].close_if_unusable_or_obsolete()
             return
         self._reconcile_error = None
@@ -196,3 +188,15 @@ class Reaper:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _warn_rarely(
+    what: str, exc: Exception, last: tuple[str, float] | None
+) -> tuple[str, float] | None:
+    """Log a recurring error once a minute at most (or when it changes): a reaper without
+    the schedule or journal table would otherwise log every sweep. Returns the new memo."""
+    message = f"{type(exc).__name__}: {exc}"
+    if last is None or last[0] != message or time.monotonic() - last[1] >= 60:
+        logger.warning("%s: %s", what, message)
+        return (message, time.monotonic())
+    return last
