@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from typing import Any
 
 import arq
@@ -28,7 +27,7 @@ from arq import create_pool
 from arq.connections import RedisSettings
 from arq.worker import func
 
-from bench.peers.common import QUEUE, Adapter, probe_record, redis_url
+from bench.peers.common import QUEUE, Adapter, probe_record, redis_url, timed_async
 
 POLL_DELAY = 0.001
 MAX_JOBS = 100
@@ -71,17 +70,6 @@ def make_adapter() -> Adapter:
         job = await pool.enqueue_job("echo", 1, _queue_name=QUEUE)
         return await job.result(timeout=10, poll_delay=POLL_DELAY)
 
-    async def rr_loop(n: int, warmup: int) -> list[int]:
-        for _ in range(warmup):
-            await one_rr()
-        await asyncio.sleep(0.3)
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter_ns()
-            await one_rr()
-            samples.append(time.perf_counter_ns() - t0)
-        return samples
-
     def worker_command(role: str) -> list[str]:
         return [sys.executable, "-m", "bench.peers.common", "arq", "worker", role]
 
@@ -104,7 +92,7 @@ def make_adapter() -> Adapter:
         fill=lambda n: loop.run_until_complete(fill(n)),
         worker_command=worker_command,
         rr_call=lambda: loop.run_until_complete(one_rr()),
-        rr_timed=lambda n, warmup: loop.run_until_complete(rr_loop(n, warmup)),
+        rr_timed=lambda n, warmup: loop.run_until_complete(timed_async(one_rr, n, warmup)),
         not_available={"enqueue_bulk": "no bulk enqueue: enqueue_job takes one job per call"},
         close=close,
     )

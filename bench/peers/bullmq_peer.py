@@ -20,14 +20,13 @@ import asyncio
 import os
 import signal
 import sys
-import time
 import uuid
 from importlib.metadata import version
 from typing import Any
 
 from bullmq import Queue, QueueEvents, Worker
 
-from bench.peers.common import QUEUE, Adapter, probe_record, redis_url
+from bench.peers.common import QUEUE, Adapter, probe_record, redis_url, timed_async
 
 CONCURRENCY = 8
 RR_CONCURRENCY = 1
@@ -79,17 +78,6 @@ def make_adapter() -> Adapter:
         finally:
             events[0].off(channel, completed)
 
-    async def rr_loop(n: int, warmup: int) -> list[int]:
-        for _ in range(warmup):
-            await one_rr()
-        await asyncio.sleep(0.3)
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter_ns()
-            await one_rr()
-            samples.append(time.perf_counter_ns() - t0)
-        return samples
-
     def worker_command(role: str) -> list[str]:
         return [sys.executable, "-m", "bench.peers.common", "bullmq", "worker", role]
 
@@ -116,7 +104,7 @@ def make_adapter() -> Adapter:
         fill=lambda n: loop.run_until_complete(bulk(n, 1000)),
         worker_command=worker_command,
         rr_call=lambda: loop.run_until_complete(one_rr()),
-        rr_timed=lambda n, warmup: loop.run_until_complete(rr_loop(n, warmup)),
+        rr_timed=lambda n, warmup: loop.run_until_complete(timed_async(one_rr, n, warmup)),
         close=close,
     )
 

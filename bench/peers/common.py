@@ -250,6 +250,22 @@ def time_drain(adapter: Adapter, n: int, processes: int, log_dir: Path) -> dict[
     }
 
 
+async def timed_async(call: Callable[[], Any], n: int, warmup: int) -> list[int]:
+    """time_rr's loop for an asyncio client (``rr_timed``): ``warmup`` calls, a pause for the
+    worker to settle into its idle wait, then ``n`` timed calls (ns)."""
+    import asyncio
+
+    for _ in range(warmup):
+        await call()
+    await asyncio.sleep(0.3)
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        await call()
+        samples.append(time.perf_counter_ns() - t0)
+    return samples
+
+
 def time_rr(adapter: Adapter, n: int, warmup: int, log_dir: Path) -> dict[str, Any]:
     """Sequential enqueue-and-wait calls against one idle worker process; the first warm-up
     call also waits out the worker's start-up."""
