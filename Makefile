@@ -3,20 +3,27 @@ PYTHON := $(shell scripts/find-python)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-redis test lint bench clean
+.PHONY: demo demo-redis test lint smoke bench clean
 
+# Everything: the test suite, lint, the Spark pipeline, the browser tests.
 $(BIN)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,api,spark]'
+	touch $@ $(BIN)/.installed-demo
+
+# Only what the demo needs (the example project serves the REST API too): no Spark, no dev tools.
+$(BIN)/.installed-demo: setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[api]'
 	touch $@
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed-demo
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py jobq_demo
 
 # The same demo with the Redis hot path (the JOBQ_REDIS_URL switch of example_project).
-demo-redis: $(BIN)/.installed
+demo-redis: $(BIN)/.installed-demo
 	scripts/ensure-services redis
 	$(BIN)/python manage.py migrate --verbosity 0
 	JOBQ_REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py jobq_demo
@@ -32,11 +39,22 @@ test: $(BIN)/.installed lint
 	scripts/ensure-jdbc-driver
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(MAKE) smoke
 	$(BIN)/pytest
+
+# The package as users get it: sdist + wheel built from the tracked files, `twine check`, every
+# tracked package file present; then the wheel installed in fresh venvs outside the checkout and
+# used (Redis, runworker, admin, API schema, Spark import, the test-mode user project), once with
+# the newest dependencies and once with the lowest versions setup.cfg admits.
+smoke: $(BIN)/.installed
+	scripts/ensure-services redis
+	scripts/check-dist $(BIN)/python dist
+	scripts/smoke-installed $(PYTHON) dist
+	scripts/smoke-installed $(PYTHON) dist api,msgpack ci/constraints-min.txt
 
 bench: $(BIN)/.installed
 	scripts/ensure-services redis
 	$(BIN)/python -m bench.core
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache dist

@@ -11,7 +11,6 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.options import ActionLocation
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -96,10 +95,9 @@ class JobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
         return JobChangeList
 
-    def get_actions(
-        self, request: HttpRequest, action_location: ActionLocation = ActionLocation.CHANGE_LIST
-    ) -> dict[str, Any]:
-        actions = super().get_actions(request, action_location)
+    def get_actions(self, request: HttpRequest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # *args: Django 6.1 added an action_location argument that 6.0 does not have.
+        actions = super().get_actions(request, *args, **kwargs)
         # The stock bulk delete removes rows behind the storage's back.
         actions.pop("delete_selected", None)
         return actions

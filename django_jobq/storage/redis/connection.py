@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ...errors import ConfigurationError
@@ -18,7 +19,6 @@ COMMAND_TIMEOUT = 1.0
 
 def client_from_url(url: str, **options: Any) -> Any:
     import redis
-    from redis.backoff import ExponentialWithJitterBackoff
     from redis.exceptions import ConnectionError
     from redis.retry import Retry
 
@@ -31,15 +31,27 @@ def client_from_url(url: str, **options: Any) -> Any:
     # not answering; four more waits would only make the caller's error four times later.
     options.setdefault(
         "retry",
-        Retry(
-            ExponentialWithJitterBackoff(cap=1.0, base=0.05), 3, supported_errors=(ConnectionError,)
-        ),
+        Retry(_backoff(), 3, supported_errors=(ConnectionError,)),
     )
     options.setdefault("retry_on_error", [ConnectionError])
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConfigurationError(f"invalid Redis URL {url!r}: {exc}") from exc
+
+
+def _backoff() -> Any:
+    """Exponential backoff with jitter, capped at 1 s. redis-py 6 names it
+    ``ExponentialWithJitterBackoff``; 5.2 (the lowest version we support) has only the
+    equal-jitter variant, which differs in how much of each wait is random."""
+    try:
+        from redis.backoff import ExponentialWithJitterBackoff
+
+        return ExponentialWithJitterBackoff(cap=1.0, base=0.05)
+    except ImportError:
+        from redis.backoff import EqualJitterBackoff
+
+        return EqualJitterBackoff(cap=1.0, base=0.05)
 
 
 def client_from_cache_alias(alias: str) -> Any:
@@ -65,10 +77,10 @@ def blocking_command(client: Any, wait: float, *args: Any, **options: Any) -> An
 
     pool = client.connection_pool
     for attempt in (1, 2):
-        conn = pool.get_connection()
+        conn = _get_connection(pool, args[0])
         try:
             conn.send_command(*args)
-            response = conn.read_response(timeout=wait + COMMAND_TIMEOUT)
+            response = _read_response(conn, wait + COMMAND_TIMEOUT)
             break
         except ConnectionError:
             conn.disconnect()
@@ -78,3 +90,31 @@ def blocking_command(client: Any, wait: float, *args: Any, **options: Any) -> An
             pool.release(conn)
     callback = client.response_callbacks.get(args[0])
     return callback(response, **options) if callback else response
+
+
+def _get_connection(pool: Any, command: str) -> Any:
+    """redis-py before 6 requires the command's name here; later versions deprecate it."""
+    if _modern_client():
+        return pool.get_connection()
+    return pool.get_connection(command)
+
+
+def _read_response(conn: Any, timeout: float) -> Any:
+    """Read one reply, waiting at most ``timeout``. redis-py 8 takes the timeout itself; before
+    it, wait for the reply to be readable first, then read it with the socket's own timeout."""
+    if _modern_client():
+        return conn.read_response(timeout=timeout)
+    from redis.exceptions import TimeoutError
+
+    if not conn.can_read(timeout=timeout):
+        raise TimeoutError(f"no reply within {timeout:.1f} s")
+    return conn.read_response()
+
+
+@functools.cache
+def _modern_client() -> bool:
+    import inspect
+
+    from redis.connection import AbstractConnection
+
+    return "timeout" in inspect.signature(AbstractConnection.read_response).parameters
