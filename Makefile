@@ -2,6 +2,10 @@
 PYTHON := $(shell scripts/find-python)
 VENV := .venv
 BIN := $(VENV)/bin
+# pytest-xdist processes. Three on two cores: most tests wait on worker processes, servers and
+# Redis rather than compute. The fault suite and the Spark tests each stay on one process
+# (tests/conftest.py: XDIST_GROUPS).
+TEST_WORKERS ?= 3
 
 .PHONY: demo demo-redis test lint smoke bench clean
 
@@ -40,7 +44,7 @@ test: $(BIN)/.installed lint
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(MAKE) smoke
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The package as users get it: sdist + wheel built from the tracked files, `twine check`, every
 # tracked package file present; then the wheel installed in fresh venvs outside the checkout and

@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-secret")
@@ -46,14 +47,35 @@ TEMPLATES = [
     }
 ]
 WSGI_APPLICATION = "example_project.wsgi.application"
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "example.sqlite3",
-        # Workers and the web process share this file: wait for the write lock, don't fail.
-        "OPTIONS": {"timeout": 20},
-    }
-}
+
+
+def database_from_url(url: str | None) -> dict:
+    """``DATABASE_URL`` as most hosts spell it: ``sqlite:///path.sqlite3`` (relative to the
+    project) or ``postgres://user:password@host:5432/name``. Unset: SQLite, no server needed."""
+    if not url:
+        url = "sqlite:///example.sqlite3"
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path[1:] if parts.path.startswith("//") else parts.path.lstrip("/"))
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path if os.path.isabs(path) else BASE_DIR / path,
+            # Workers and the web process share this file: wait for the write lock, don't fail.
+            "OPTIONS": {"timeout": 20},
+        }
+    if parts.scheme in ("postgres", "postgresql", "pgsql"):
+        return {
+            "ENGINE": "django.db.backends.postgresql",  # needs: pip install "psycopg[binary]"
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r} (sqlite or postgres)")
+
+
+DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -81,11 +81,21 @@ def make_storage(kind: str, request, clock=None):
     return RedisStorage(client, prefix=prefix, clock=clock)
 
 
+# Tests that share something a parallel run must not split (`pytest -n N --dist loadgroup`): the
+# fault suite's private Redis port range and its fixed journal-ledger database, and one JVM for
+# every Spark test (a second SparkSession per xdist worker would cost seconds and a gigabyte).
+XDIST_GROUPS = (("tests/chaos/", "chaos"), ("tests/test_spark", "spark"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
 def pytest_collection_modifyitems(items):
     """A test run on a database backend gets that database, in transactional mode: workers use
     connections of their own threads, which must see committed rows (the per-test transaction of
     plain ``django_db`` would hide them); tables are flushed after each test."""
     for item in items:
+        for prefix, group in XDIST_GROUPS:
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
         params = getattr(item, "callspec", None) and item.callspec.params or {}
         # `backend` names a storage backend; `db_alias` (mirror tests) a database directly.
         alias = DB_ALIASES.get(params.get("backend", "")) or params.get("db_alias")

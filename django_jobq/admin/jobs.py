@@ -11,6 +11,7 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import options as admin_options
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -35,6 +36,8 @@ from .listing import (
     WorkerFilter,
 )
 
+# Django 6.1+; None on 6.0 (see get_actions).
+ActionLocation: Any = getattr(admin_options, "ActionLocation", None)
 HEAVY_FIELDS = ("payload", "result", "error", "logs", "progress")
 
 
@@ -95,9 +98,14 @@ class JobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
         return JobChangeList
 
-    def get_actions(self, request: HttpRequest, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        # *args: Django 6.1 added an action_location argument that 6.0 does not have.
-        actions = super().get_actions(request, *args, **kwargs)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions are shown (and warns about overrides without the
+        # argument); 6.0 has no such argument.
+        if ActionLocation is None:
+            actions = super().get_actions(request)
+        else:
+            where = action_location or ActionLocation.CHANGE_LIST
+            actions = super().get_actions(request, where)  # type: ignore[call-arg,unused-ignore]
         # The stock bulk delete removes rows behind the storage's back.
         actions.pop("delete_selected", None)
         return actions
