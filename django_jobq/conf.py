@@ -325,6 +325,9 @@ def _check_celery(celery: dict[str, Any]) -> list[str]:
 
 _storage = None
 _lock = threading.Lock()
+# The storage of django_jobq.testing's test mode while it is on: it wins over JOBQ, so a test
+# that changes JOBQ meanwhile (pytest-django's ``settings`` fixture) still stays on it.
+_test_storage: Any = None
 
 
 def build_storage() -> Any:
@@ -354,11 +357,20 @@ def build_storage() -> Any:
 def get_storage() -> Any:
     """The process-wide storage selected by ``JOBQ`` (built once, thread-safe)."""
     global _storage
+    if _test_storage is not None:
+        return _test_storage
     if _storage is None:
         with _lock:
             if _storage is None:
                 _storage = build_storage()
     return _storage
+
+
+def set_test_storage(storage: Any) -> None:
+    """Make ``get_storage()`` return ``storage`` whatever JOBQ says (None: JOBQ again). For
+    django_jobq.testing; not for production code."""
+    global _test_storage
+    _test_storage = storage
 
 
 def reset_storage(**_: Any) -> None:
