@@ -21,6 +21,7 @@ from django_jobq.errors import (
     JobQError,
     PayloadTooLarge,
     SerializationError,
+    Timeout,
 )
 from django_jobq.flows import chain, enqueue_flow, node
 from django_jobq.models import Schedule
@@ -387,6 +388,14 @@ def test_clear_forgets_jobs_and_runs(jobq, handlers):
     assert jobq.enqueued() == [] and jobq.results == []
     assert jobq.status("tm-echo", "b") is None
     assert jobq.run_all() == []
+
+
+def test_enqueue_and_wait_times_out_as_nothing_runs_meanwhile(jobq, handlers):
+    handlers("tm-echo", lambda job: job.payload)
+
+    with pytest.raises(Timeout):
+        get_queue("tm-echo").enqueue_and_wait("w", 1, timeout=0.05)
+    assert [r.result for r in jobq.run_all()] == [1]
 
 
 # -- assertions ------------------------------------------------------------------------------
