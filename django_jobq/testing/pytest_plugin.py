@@ -1,8 +1,8 @@
 """The ``jobq`` pytest fixture (registered through the ``pytest11`` entry point).
 
-Importing this module imports nothing of Django or django_jobq: it is loaded in every pytest
-session of an environment where django-jobq is installed, and must change nothing for a test
-that does not ask for the fixture."""
+It is loaded in every pytest session of an environment where django-jobq is installed, before
+Django is set up: importing it reads no setting and loads no app (the test mode itself is
+imported when a test asks for the fixture), and it changes nothing for tests that do not."""
 
 from __future__ import annotations
 

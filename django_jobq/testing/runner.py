@@ -17,7 +17,7 @@ from ..conf import jobq_settings
 from ..errors import ConfigurationError, JobQError
 from ..execution import envelope_meta, execute, execute_batch, make_job
 from ..failures import FailureCaller
-from ..job import PARKED_FLOOR, AckOutcome, ClaimedJob, FailureCall
+from ..job import PARKED_FLOOR, AckOutcome, ClaimedJob, FailureCall, Reporter
 from ..queue import serde_for
 from ..registry import HandlerRegistry
 from ..storage.base import Ack
@@ -224,7 +224,9 @@ class InlineRunner:
         self.history += runs
         return runs
 
-    def _reporter(self, claimed: ClaimedJob):  # noqa: ANN202 - a Reporter
+    def _reporter(self, claimed: ClaimedJob) -> Reporter:
+        """job.set_progress / job.log, stored with the job as a worker stores them."""
+
         def report(progress: bytes | None, line: str | None) -> bool:
             return self.storage.report(
                 claimed.queue, claimed.job_id, claimed.token, progress=progress, log=line

@@ -62,14 +62,15 @@ class EnqueuedJob:
     """A job the code under test stored: as the handler will see it, and how it was asked.
 
     ``payload`` went through the queue's serialiser and back (a tuple arrives as a list, as
-    in production). ``state`` is the job's state when ``enqueued()`` was called."""
+    in production). ``state`` is the job's state when ``enqueued()`` was called (None once
+    its record is gone: its ``result_ttl`` passed on the test clock, or it was deleted)."""
 
     queue: str
     id: str
     payload: Any
     options: JobOptions
     run_at: dt.datetime | None  # when it becomes runnable; None: at once
-    state: JobState
+    state: JobState | None
     meta: dict[str, Any] = field(default_factory=dict)  # per-job timeout, flow links
     group: str | None = None
     lifo: bool = False
@@ -125,7 +126,7 @@ class CapturingStorage(MemoryStorage):
         value = serde_for(job.content_type).loads(job.payload)
         payload, meta = envelope.unwrap(job.content_type, value)
         record = self.get_record(entry.queue, job.job_id)
-        state = record.state if record is not None else JobState.COMPLETED
+        state = record.state if record is not None else None
         return EnqueuedJob(
             queue=entry.queue, id=job.job_id, payload=payload, options=job.options,
             run_at=ms_to_datetime(entry.run_at), state=state, meta=meta, group=job.group,
