@@ -22,6 +22,11 @@ from .validation import (
     validate_queue_name,
 )
 
+# The storage of django_jobq.testing's test mode while it is on. It wins over JOBQ instead of
+# being put into JOBQ with override_settings: a test that changes JOBQ meanwhile (pytest-django's
+# ``settings`` fixture) stays on it, and no settings override can be undone out of order.
+_test_storage: Any = None
+
 DEFAULTS: dict[str, Any] = {
     # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
     # None: "redis" when REDIS_URL or REDIS_CACHE_ALIAS is set, else "database" (the embedded
@@ -142,7 +147,10 @@ def queue_defaults(queue: str) -> JobOptions:
 
 
 def queue_durability(queue: str) -> str:
-    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``."""
+    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``. Under the test
+    mode always "redis": its storage keeps no journal (a journal queue behaves as a plain one)."""
+    if _test_storage is not None:
+        return "redis"
     conf = jobq_settings()
     value = conf["QUEUES"].get(queue, {}).get("durability", conf["DURABILITY"])
     return validate_durability(value, f"JOBQ['QUEUES'][{queue!r}]['durability']")
@@ -325,9 +333,6 @@ def _check_celery(celery: dict[str, Any]) -> list[str]:
 
 _storage = None
 _lock = threading.Lock()
-# The storage of django_jobq.testing's test mode while it is on: it wins over JOBQ, so a test
-# that changes JOBQ meanwhile (pytest-django's ``settings`` fixture) still stays on it.
-_test_storage: Any = None
 
 
 def build_storage() -> Any:

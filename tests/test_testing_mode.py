@@ -12,6 +12,7 @@ import unittest
 import pytest
 from django.db import transaction
 from django.tasks import task_backends
+from django.test import override_settings
 
 from django_jobq import PermanentError, RateLimited
 from django_jobq.conf import get_storage
@@ -30,6 +31,7 @@ from django_jobq.registry import registry
 from django_jobq.states import JobState
 from django_jobq.testing import JobRunError, jobq_test_mode
 from django_jobq.testing.pytest_plugin import jobq  # noqa: F401 - the fixture, by name
+from django_jobq.testing.storage import CapturingStorage
 
 from . import task_funcs
 
@@ -133,6 +135,19 @@ def test_the_mode_replaces_the_configured_storage_and_restores_it():
         assert get_queue("tm-emails").storage is mode.storage
     assert type(get_storage()) is before
     assert get_queue("tm-emails").storage is not mode.storage
+
+
+def test_a_settings_override_inside_the_mode_can_end_after_it(settings):
+    original = settings.JOBQ
+    mode = jobq_test_mode()
+    mode.enable()
+    changed = override_settings(JOBQ={"QUEUES": {"tm-emails": {"priority": 4}}})
+    changed.enable()  # e.g. pytest-django's settings fixture, set up before the jobq fixture
+    mode.disable()  # the jobq fixture ends first
+    changed.disable()
+
+    assert settings.JOBQ == original
+    assert not isinstance(get_storage(), CapturingStorage)
 
 
 def test_modes_do_not_nest():
@@ -355,7 +370,23 @@ def test_a_queue_with_jobs_and_no_handler_is_a_clear_error(jobq):
 
     with pytest.raises(ConfigurationError, match=r"\['tm-nobody'\].*no handler registered"):
         jobq.run_all()
+    with pytest.raises(ConfigurationError, match=r"no handler registered for queue\(s\)"):
+        jobq.run_all(queues=["tm-nobody"])
     assert jobq.run_all(queues=[]) == []
+    assert jobq.status("tm-nobody", "x").state is JobState.QUEUED
+
+
+def test_an_async_handler_runs_to_completion(jobq, handlers):
+    import asyncio
+
+    async def fetch(job):
+        await asyncio.sleep(0)
+        return job.payload + 1
+
+    handlers("tm-async", fetch)
+    get_queue("tm-async").enqueue("a", 1)
+
+    assert [r.result for r in jobq.run_all()] == [2]
 
 
 def test_a_job_that_keeps_making_jobs_is_stopped(jobq, handlers):

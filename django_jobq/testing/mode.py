@@ -8,8 +8,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from django.conf import settings
-from django.test.utils import TestContextDecorator, override_settings
+from django.test.utils import TestContextDecorator
 
 from .. import conf
 from ..errors import ConfigurationError
@@ -19,32 +18,8 @@ from ..registry import HandlerRegistry, registry
 from .runner import InlineRunner, Run
 from .storage import CapturingStorage, EnqueuedJob, TestClock
 
-#: ``JOBQ["BACKEND"]`` while a test mode is on (a dotted path, as any custom backend).
-BACKEND = "django_jobq.testing.mode.active_storage"
 _active: JobQTestMode | None = None
 _ANY: Any = object()
-
-
-def active_storage() -> CapturingStorage:
-    """The storage of the test mode that is on (what ``get_storage()`` builds then)."""
-    if _active is None:
-        raise ConfigurationError(f"JOBQ['BACKEND'] is {BACKEND!r} but no jobq test mode is on")
-    return _active.storage
-
-
-def _test_settings() -> dict[str, Any]:
-    """The project's ``JOBQ`` with the test storage: everything else (serialiser, payload
-    limit, job defaults, per-queue options and limits) stays as production has it. Journal
-    durability is Redis-only; on the test storage a journal queue behaves as a plain one."""
-    conf = dict(getattr(settings, "JOBQ", {}) or {})
-    conf["BACKEND"] = BACKEND
-    conf["DURABILITY"] = "redis"
-    conf["QUEUES"] = {
-        name: {k: v for k, v in options.items() if k != "durability"}
-        if isinstance(options, dict) else options
-        for name, options in (conf.get("QUEUES") or {}).items()
-    }  # fmt: skip
-    return conf
 
 
 class JobQTestMode:
@@ -61,19 +36,13 @@ class JobQTestMode:
         self.clock = TestClock()
         self.storage = CapturingStorage(self.clock)
         self.runner = InlineRunner(self.storage, handlers, schedules=schedules)
-        self._override: override_settings | None = None
 
     def start(self) -> JobQTestMode:
+        """Put the project on this mode's storage (``get_storage()`` returns it)."""
         global _active
         if _active is not None:
             raise ConfigurationError("a jobq test mode is already on (they do not nest)")
-        self._override = override_settings(JOBQ=_test_settings())
         _active = self
-        try:
-            self._override.enable()
-        except BaseException:
-            _active = None
-            raise
         conf.set_test_storage(self.storage)
         return self
 
@@ -81,10 +50,6 @@ class JobQTestMode:
         global _active
         if _active is self:
             conf.set_test_storage(None)
-        if self._override is not None:
-            self._override.disable()
-            self._override = None
-        if _active is self:
             _active = None
 
     def __enter__(self) -> JobQTestMode:

@@ -153,7 +153,13 @@ class InlineRunner:
             self.storage.test_clock.advance_to(next_due)
 
     def _queues(self, queues: Sequence[str] | None) -> list[str]:
+        """The queues to run: the given ones, or every queue with jobs. A queue without a
+        handler is refused, as a worker refuses to serve one (given), or when jobs wait on it
+        (all): failing its jobs for want of a handler would only hide the mistake."""
         if queues is not None:
+            missing = [q for q in queues if self.handlers.get(q) is None]
+            if missing:
+                raise ConfigurationError(f"no handler registered for queue(s) {missing}")
             return list(queues)
         names = self.storage.list_queues()
         orphans = [q for q in names if self.handlers.get(q) is None and self.storage.unfinished(q)]
