@@ -22,6 +22,11 @@ from .validation import (
     validate_queue_name,
 )
 
+# The storage of django_jobq.testing's test mode while it is on. It wins over JOBQ instead of
+# being put into JOBQ with override_settings: a test that changes JOBQ meanwhile (pytest-django's
+# ``settings`` fixture) stays on it, and no settings override can be undone out of order.
+_test_storage: Any = None
+
 DEFAULTS: dict[str, Any] = {
     # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
     # None: "redis" when REDIS_URL or REDIS_CACHE_ALIAS is set, else "database" (the embedded
@@ -142,7 +147,10 @@ def queue_defaults(queue: str) -> JobOptions:
 
 
 def queue_durability(queue: str) -> str:
-    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``."""
+    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``. Under the test
+    mode always "redis": its storage keeps no journal (a journal queue behaves as a plain one)."""
+    if _test_storage is not None:
+        return "redis"
     conf = jobq_settings()
     value = conf["QUEUES"].get(queue, {}).get("durability", conf["DURABILITY"])
     return validate_durability(value, f"JOBQ['QUEUES'][{queue!r}]['durability']")
@@ -354,11 +362,20 @@ def build_storage() -> Any:
 def get_storage() -> Any:
     """The process-wide storage selected by ``JOBQ`` (built once, thread-safe)."""
     global _storage
+    if _test_storage is not None:
+        return _test_storage
     if _storage is None:
         with _lock:
             if _storage is None:
                 _storage = build_storage()
     return _storage
+
+
+def set_test_storage(storage: Any) -> None:
+    """Make ``get_storage()`` return ``storage`` whatever JOBQ says (None: JOBQ again). For
+    django_jobq.testing; not for production code."""
+    global _test_storage
+    _test_storage = storage
 
 
 def reset_storage(**_: Any) -> None:
