@@ -674,6 +674,30 @@ class RedisStorage(Storage):
             for i, job_id in enumerate(job_ids)
         }
 
+    def oldest_waiting_ms(self, queue: str, sample: int = 100) -> int | None:
+        """Epoch ms since which the longest-waiting queued job has been runnable (its
+        ``run_at``, else its creation), or None when nothing is queued. Read from the head of
+        the line (``sample`` ids in claim order): within a priority the line is FIFO, so
+        the head holds the oldest job of each priority it reaches."""
+        k = self.keys(queue)
+        ids = self.client.zrange(k.queued, 0, sample - 1)
+        if not ids:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        for raw in ids:
+            pipe.hmget(k.job(_s(raw)), "created", "run_at")
+        times = [max(_i(c), _i(r)) for c, r in pipe.execute() if c is not None]
+        return min(times) if times else None
+
+    def head_ids(self, queue: str, n: int) -> list[str]:
+        """The first ``n`` ids of the queued line and of the active set (the mirror check's
+        sample of jobs that are moving)."""
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(k.queued, 0, n - 1)
+        pipe.zrange(k.active, 0, n - 1)
+        return [_s(raw) for ids in pipe.execute() for raw in ids]
+
     def created_times(self, queue: str, job_ids: Sequence[str]) -> list[int]:
         """Creation time (epoch ms) of each id, 0 where the record is gone: one pipelined
         HGET per id, so the mirror can write a resync in creation order."""
