@@ -67,6 +67,7 @@ KIND_STATE = {
 #: connection, "database is locked") fails the batch, which is read again later.
 RECORD_ERRORS = (DataError, IntegrityError, ValueError, TypeError, OverflowError, KeyError)
 REJECT_ERROR_CHARS = 2000
+READ_AHEAD = 8  # a mirror that is behind reads up to this many batches at once
 
 
 class LagStats:
@@ -152,6 +153,7 @@ class Mirror:
         self._gaps_checked = time.monotonic()
         self._workers_synced = 0.0
         self._server_id: str | None = None
+        self._read_count = self.batch
         self._stop = threading.Event()
 
     # -- discovery and gaps -----------------------------------------------------------------
@@ -231,9 +233,15 @@ class Mirror:
             self._stop.wait(block or 0)
             return 0
         events = self.storage.read_group(
-            queues, self.group, self.consumer, count=self.batch, block=block
+            queues, self.group, self.consumer, count=self._read_count, block=block
         )
         self._apply(events)
+        # Behind (a full read): read more at once. A job's events (queued, active,
+        # completed) then share one batch, so its record is read and written once, not
+        # three times; the writes stay at ``batch`` jobs per transaction.
+        full = len(events) >= self._read_count
+        grown = min(self._read_count * 2, READ_AHEAD * self.batch)
+        self._read_count = grown if full else self.batch
         return len(events)
 
     def drain(self) -> int:
@@ -282,7 +290,9 @@ class Mirror:
                 by_job[(event.queue, event.job_id)].append(event)
             else:
                 self._reject(event.queue, "", [event], "the stream entry names no job")
-        self._bisect(list(by_job.items()), self._write_jobs)
+        jobs = list(by_job.items())
+        for start in range(0, len(jobs), self.batch):  # short transactions (SQLite's lock)
+            self._bisect(jobs[start : start + self.batch], self._write_jobs)
         now = int(time.time() * 1000)
         self.lag.add([now - e.at for e in events])
         # Acknowledge only after the commit: a crash in between re-delivers, never loses.

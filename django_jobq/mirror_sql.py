@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 
 from .job import JobRecord, decode_progress
@@ -66,6 +67,10 @@ def _converter(field: Any, conn: Any) -> Any:
         return None
     if kind == "DateTimeField" and conn.vendor == "postgresql":
         return None  # psycopg sends aware datetimes as they are
+    if kind == "DateTimeField" and conn.vendor == "sqlite" and settings.USE_TZ:
+        # What Django's adapter makes of an aware UTC datetime (every mirror time comes from
+        # ``ms_dt``), without its per-value time zone checks: a third of the SQLite write time.
+        return lambda value: None if value is None else str(value.replace(tzinfo=None))
     return lambda value: field.get_db_prep_save(value, conn)
 
 

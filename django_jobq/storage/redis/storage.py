@@ -1048,9 +1048,12 @@ class RedisStorage(Storage):
             return int(info["length"]), _stream_id(_s(first[0]))[0] if first else None
         g = groups[group]
         oldest: list[int] = []
-        if g["pending"]:
+        pending = 0
+        if g["pending"]:  # read again: a batch may have been acked since XINFO
             summary = self.client.xpending(key, group)
-            oldest.append(_stream_id(_s(summary["min"]))[0])
+            pending = int(summary["pending"])
+            if pending:
+                oldest.append(_stream_id(_s(summary["min"]))[0])
         after = "(" + _s(g["last-delivered-id"])
         nxt = self.client.xrange(key, min=after, max="+", count=1)
         undelivered = g.get("lag")
@@ -1058,7 +1061,7 @@ class RedisStorage(Storage):
             oldest.append(_stream_id(_s(nxt[0][0]))[0])
             if undelivered is None:  # Redis cannot count past a trim: count what is there
                 undelivered = len(self.client.xrange(key, min=after, max="+"))
-        return int(g["pending"]) + int(undelivered or 0), min(oldest) if oldest else None
+        return pending + int(undelivered or 0), min(oldest) if oldest else None
 
     def stream_position(self, queue: str) -> tuple[str, int]:
         """(newest entry id, entries ever added) of the queue's stream, read in one reply."""
