@@ -166,3 +166,59 @@ def test_jobq_mirror_check_command(storage, db_alias, settings, capsys):
         call_command("jobq_mirror_check", Q)
     assert "repaired" in capsys.readouterr().out
     assert rows(db_alias) == {"a": "queued"}
+
+
+# -- SQLite: the project's own writes while the mirror writes -----------------------------------
+
+
+@pytest.mark.parametrize("db_alias", ["default"])
+def test_a_user_write_is_not_refused_while_the_mirror_writes(storage, db_alias, monkeypatch):
+    """With immediate transactions (what the system check asks for), a read-then-write
+    transaction of the project waits for the mirror's short ones instead of failing."""
+    import threading
+
+    from django.db import connections
+
+    from django_jobq.models import Schedule
+
+    options = connections["default"].settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "transaction_mode", "IMMEDIATE")  # new connections only
+    mirror = Mirror(storage, queues=[Q], using="default", consumer="m1", block=0.05)
+    mirror.queues()
+    thread = mirror.start()
+    errors: list[Exception] = []
+    writes = [0]
+
+    def user() -> None:
+        try:
+            for i in range(150):
+                Schedule.objects.update_or_create(name="nightly", defaults={"interval": i + 1})
+                writes[0] += 1
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=user)
+    writer.start()
+    n = 0
+    while writer.is_alive():  # the mirror keeps committing meanwhile
+        enqueue(storage, *[f"j{n + i}" for i in range(100)])
+        n += 100
+    mirror.stop()
+    thread.join(30)
+    assert errors == [] and writes[0] == 150
+    assert mirror.lag.written > 0  # the mirror did write while the user did
+
+
+def test_the_system_check_warns_of_sqlite_without_immediate_transactions(settings):
+    from django_jobq.checks import mirror_sqlite_check
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "MIRROR": {"ENABLED": True}}
+    [warning] = mirror_sqlite_check(None)
+    assert warning.id == "django_jobq.W001"
+    settings.DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    try:
+        assert mirror_sqlite_check(None) == []
+    finally:
+        del settings.DATABASES["default"]["OPTIONS"]["transaction_mode"]
