@@ -138,7 +138,14 @@ def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
     key anyone may XADD to: a malformed entry (no job, an ``at`` that is not a number, bytes
     that are not UTF-8) becomes an event with what could be read (``at`` from the entry id,
     a missing job as ""), so that one bad entry never makes every read of the stream fail."""
+    try:
+        f = {_s(a): _s(b) for a, b in fields.items()}
+        return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+    except (KeyError, ValueError):  # UnicodeDecodeError is a ValueError
+        return _odd_event(queue, event_id, fields)
 
+
+def _odd_event(queue: str, event_id: bytes | str, fields: dict) -> Event:
     def text(value: bytes | str) -> str:
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
