@@ -98,6 +98,10 @@ def test_models_equal_redis_after_a_bulk_load_far_past_the_stream_cap(
         assert_rows_equal_redis(storage, db_alias, ids)
     finally:
         spawn.stop_all()
+        # A quarter of a million keys: in slices, so no single DEL blocks the shared Redis.
+        keys = list(redis_client.scan_iter(match="{" + redis_prefix + "*", count=5000))
+        for start in range(0, len(keys), 1000):
+            redis_client.unlink(*keys[start : start + 1000])
 
 
 # -- a mirror killed mid-batch, and Redis restarted empty ---------------------------------------
