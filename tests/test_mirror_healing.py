@@ -222,3 +222,16 @@ def test_the_system_check_warns_of_sqlite_without_immediate_transactions(setting
         assert mirror_sqlite_check(None) == []
     finally:
         del settings.DATABASES["default"]["OPTIONS"]["transaction_mode"]
+
+
+def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
+    from django_jobq.reaper import Reaper
+
+    settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}
+    reaper = Reaper([Q], storage=storage, schedules=False)
+    assert reaper.mirror_check_interval == 600.0
+    enqueue(storage, "a")
+    reaper.mirror.drain()
+    Job.objects.using(db_alias).filter(job_id="a").delete()
+    reaper.check_mirror()
+    assert rows(db_alias) == {"a": "queued"}
