@@ -44,7 +44,15 @@ DEFAULTS: dict[str, Any] = {
     # a job, 100,000 is half a minute at 2,000 jobs/s); if it does, it resyncs the queue.
     "EVENTS_MAXLEN": 100_000,
     # Model mirror of the Redis backend (runs inside runreaper, or as runmirror).
-    "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default", "BATCH": 1000},
+    # LAG_WARNING: seconds behind Redis past which the admin shows a banner; CHECK_INTERVAL:
+    # seconds between the reaper's reconciliation checks of rows against Redis (None: never).
+    "MIRROR": {
+        "ENABLED": True,
+        "DATABASE_ALIAS": "default",
+        "BATCH": 1000,
+        "LAG_WARNING": 30.0,
+        "CHECK_INTERVAL": 600.0,
+    },  # fmt: skip
     # Rows of jobs finished more than this many days ago are deleted by the reaper (None: keep).
     "RETENTION_DAYS": 7,
     # Defaults of every job; per-queue overrides in QUEUES, per-call overrides at enqueue.
