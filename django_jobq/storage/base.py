@@ -12,6 +12,8 @@ from the backend's own clock (Redis: server ``TIME``, so workers' clocks never d
 from __future__ import annotations
 
 import abc
+import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +34,22 @@ from ..job import (
 from ..states import JobState
 
 Clock = Callable[[], int]
+
+
+def token_base() -> int:
+    """The least fencing token a claim made now may take: wall-clock microseconds × 1000 plus
+    a random nonce 0-999.
+
+    A claim's token is ``max(previous + 1, token_base())``. The record's own counter alone
+    would restart when the record is lost and created again (a row deleted after its
+    ``result_ttl``, a queue obliterated, Redis restarted empty), and a worker still running
+    the old claim would then hold the new run's token. The clock makes a token of a new record
+    exceed every token of an old one unless the clock stepped back to that very microsecond,
+    and the nonce makes even that a 1 in 1000 chance. It ignores an injected test clock on
+    purpose: that clock drives leases, not uniqueness. Redis computes the same value from its
+    server ``TIME`` (``token_base`` in ``lua/includes/common.lua``).
+    """
+    return time.time_ns() // 1000 * 1000 + secrets.randbelow(1000)
 
 
 @dataclass(frozen=True, slots=True)

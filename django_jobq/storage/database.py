@@ -61,7 +61,7 @@ from ..job import (
 )
 from ..registry import handler_name
 from ..states import TERMINAL_STATES, WAITING_STATES, JobState
-from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 
 logger = logging.getLogger("django_jobq.storage")
 CHANNEL = "django_jobq"
@@ -785,11 +785,15 @@ class DatabaseStorage(Storage):
         else:
             where = f"state = 'queued' AND id IN ({', '.join(['%s'] * len(ids))})"
             params = list(ids)
+        # The token is max(token + 1, token_base()): a row deleted and created again (expiry,
+        # retention, obliterate) must not hand out a token of its previous life.
+        base = token_base()
         return self._sql(
-            f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
+            f"UPDATE {self._table} SET state = 'active', worker = %s, "
+            "token = CASE WHEN token >= %s THEN token + 1 ELSE %s END, "
             f"attempts = attempts + 1, started_at = %s, lease_deadline = %s WHERE {where} "
             + RETURNING,
-            [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), *params],
+            [worker_id, base, base, self._param_dt(now), self._param_dt(now + lease_ms), *params],
         )
 
     def _claimed(self, queue: str, rows: list[Any], worker_id: str, now: int) -> list[ClaimedJob]:

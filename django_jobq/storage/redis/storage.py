@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -394,7 +395,8 @@ class RedisStorage(Storage):
             "claim",
             [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
              k.rate, k.group_rate_prefix, k.capped],
-            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN],
+            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN,
+             secrets.randbelow(1000)],
         )  # fmt: skip
         batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
         for i in range(1, len(raw), 8):
@@ -405,7 +407,7 @@ class RedisStorage(Storage):
                     queue,
                     _s(job_id),
                     payload,
-                    token,
+                    int(token),
                     attempt,
                     max_attempts,
                     min_b,

@@ -25,10 +25,11 @@ ARGV[4] count (max jobs to claim)
 ARGV[5] lease (ms)
 ARGV[6] promote limit (due scheduled jobs moved to queued first)
 ARGV[7] scan limit: with group limits, candidates looked at beyond `count` per call
+ARGV[8] token nonce 0-999, drawn by the claimer (see token_base in common.lua)
 
 Returns: { ms until the claimer should look again (0 if overdue, -1: no time, wait for a
-           wake-up), then per job: id, token, attempt, max_attempts, min_backoff,
-           max_backoff, ctype, payload }
+           wake-up), then per job: id, token (decimal string), attempt, max_attempts,
+           min_backoff, max_backoff, ctype, payload }
   Paused: nothing, -1 (resume wakes workers). Postponed queue-wide until T: nothing, T - now.
   Concurrency cap reached: nothing, -1 (the verdict that frees a slot wakes a worker). Rate
   budget spent: nothing, ms until the oldest claim leaves the window. Otherwise: ms until the
@@ -86,9 +87,10 @@ end
 local out = { -1 }
 local claimed = 0
 local deadline = fmt(now + lease)
+local base = token_base(ARGV[8])
 
 local function lease_job(id, job_key, f)
-  local token = redis.call('HINCRBY', job_key, 'token', 1)
+  local token = next_token(job_key, base)
   local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
   redis.call('HSET', job_key, 'state', 'active', 'worker', worker, 'started', fmt(now))
   redis.call('ZADD', active_key, deadline, id)
