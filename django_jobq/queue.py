@@ -608,19 +608,45 @@ class Queue:
             raise InvalidOption(f"states: {exc}") from None
         if not chosen or any(s not in TERMINAL_STATES for s in chosen):
             raise InvalidOption("clean only removes finished jobs: completed, failed, cancelled")
-        return self.storage.clean(
-            self.name, _duration_ms("older_than", older_than), chosen,
-            validate_positive_int("limit", limit),
-        )  # fmt: skip
+        age, limit = _duration_ms("older_than", older_than), validate_positive_int("limit", limit)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.clean(self.name, age, chosen, limit)
+        # Journal entries of the deleted jobs go too, whatever this Queue's durability: an
+        # entry left behind would make reconcile re-create a job an operator deleted.
+        from .journal import forget
+        from .storage.redis.storage import RedisStorage
+
+        assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
+        job_ids = self.storage.clean_ids(self.name, age, chosen, limit)
+        forget(self.name, started, job_ids)
+        return len(job_ids)
 
     def obliterate(self, *, force: bool = False) -> int:
         """Delete the queue and everything in it. Refuses while jobs run unless ``force``
-        (their workers' verdicts are then refused). Returns how many jobs were deleted."""
+        (their workers' verdicts are then refused). Returns how many jobs were deleted.
+
+        With Redis, the queue's journal entries are deleted once Redis's keys are (an entry
+        left behind would make ``jobq_reconcile`` re-create the job). Should Redis fail half
+        way, the entries stay until obliterate is called again and completes."""
+        started = self._journal_clock()
         removed = self.storage.obliterate(self.name, force=_flag("force", force))
         self._registered = False
+        if started is not None:
+            from .journal import forget
+
+            forget(self.name, started)
         if hasattr(self.storage, "read_group"):  # a backend with a model mirror (Redis)
             self._forget_mirror_rows()
         return removed
+
+    def _journal_clock(self) -> int | None:
+        """Now (the journal's clock, epoch ms) when the storage keeps a journal, else None."""
+        if not self.storage.supports_journal:
+            return None
+        from .journal import now_ms
+
+        return now_ms()
 
     def _forget_mirror_rows(self, job_ids: list[str] | None = None) -> None:
         """The model mirror of a Redis queue is what the admin shows: an obliterated queue (or

@@ -40,10 +40,11 @@ def closed_port() -> int:
 class PrivateRedis:
     """``redis-server`` on a free port of ``PORT_RANGE``, persistence off; ``stop`` by PID."""
 
-    def __init__(self, workdir: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, *extra: str, port: int | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        for _ in range(len(PORT_RANGE)):  # another test process may take the port first
-            self.port = free_port()
+        # Another test process may take a free port first: try the next one.
+        for _ in range(1 if port else len(PORT_RANGE)):
+            self.port = port or free_port()
             self.log = workdir / f"redis-{self.port}.log"
             self.proc = subprocess.Popen(
                 ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -57,6 +58,11 @@ class PrivateRedis:
                 return
             self.stop()
         raise RuntimeError(f"no private redis could start in {PORT_RANGE}: {workdir}")
+
+    @classmethod
+    def on_port(cls, workdir: Path, port: int, *extra: str) -> PrivateRedis:
+        """A server on ``port`` (an empty restart of one that was stopped)."""
+        return cls(workdir, *extra, port=port)
 
     def _answers(self) -> bool:
         if self.proc.poll() is not None:

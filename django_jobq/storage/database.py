@@ -39,7 +39,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery
 
-from ..errors import QueueBusy, StorageError
+from ..errors import QueueBusy, StorageError, StorageUnavailable
 from ..job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -80,6 +80,8 @@ RETURNING = (
     "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, max_backoff, "
     "content_type, priority, order_key, job_group"
 )
+# SQLite raises OperationalError for these too; they are errors of the schema, not outages.
+SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "table ", "near ")
 CONFIG_COLUMNS = (
     "paused, postponed_until, concurrency, rate_max, rate_window, group_rate_max, group_rate_window"
 )
@@ -178,6 +180,21 @@ class _Flow:
 
 class DatabaseStorage(Storage):
     supports_transactional_enqueue = True
+
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """A lost or refused connection, a server shutting down, SQLite locked past its busy
+        timeout: ``OperationalError`` / ``InterfaceError``. Not integrity or programming
+        errors, nor SQLite's schema complaints, which share its ``OperationalError`` class
+        (a missing table is a missing ``migrate``, not an outage)."""
+        from django.db import InterfaceError, OperationalError
+
+        if isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_SCHEMA_ERRORS):
+            return None
+        if isinstance(exc, OperationalError | InterfaceError):
+            return StorageUnavailable(
+                f"database {self.using!r} did not answer: {type(exc).__name__}: {exc}"
+            )
+        return None
 
     def __init__(
         self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...errors import QueueBusy
+from ...errors import QueueBusy, StorageFull, StorageUnavailable
 from ...job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -246,6 +246,23 @@ class RedisStorage(Storage):
         self._keys: dict[str, QueueKeys] = {}
         self._settle: dict[str, list[str]] = {}
         self._combiners: dict[str, _Combiner] = {}
+
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """redis-py's errors of an unreachable server (refused, reset, timed out, still
+        loading its data: BusyLoadingError is a ConnectionError) and of a full one."""
+        from redis.exceptions import ConnectionError, OutOfMemoryError, TimeoutError
+
+        if isinstance(exc, OutOfMemoryError):
+            return StorageFull(f"Redis is full (maxmemory): {exc}")
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return StorageUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}")
+        return None
+
+    def memory_info(self) -> dict[str, Any]:
+        """The server's memory use and limit (``INFO memory``), for health reports."""
+        info = self.client.info("memory")
+        return {k: info.get(k) for k in ("used_memory", "used_memory_peak", "maxmemory",
+                                         "maxmemory_policy")}  # fmt: skip
 
     def keys(self, queue: str) -> QueueKeys:
         k = self._keys.get(queue)
@@ -838,29 +855,40 @@ class RedisStorage(Storage):
         states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
         limit: int = 10_000,
     ) -> int:
-        """Finished records are indexed nowhere (they expire by their own TTL, which keeps
+        return len(self.clean_ids(queue, older_than_ms, states, limit))
+
+    def clean_ids(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> list[str]:
+        """``clean``, returning the deleted ids (journal mode deletes their entries).
+
+        Finished records are indexed nowhere (they expire by their own TTL, which keeps
         completions cheap), so candidates come from a SCAN of the queue's job keys; each
         batch is checked and deleted by one script call."""
         wanted = ",".join(JobState(s).value for s in states if JobState(s) in TERMINAL_STATES)
         if not wanted or limit <= 0:
-            return 0
+            return []
         k = self.keys(queue)
-        deleted = 0
+        deleted: list[str] = []
         batch: list[str] = []
 
-        def flush() -> int:
-            args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - deleted]]
+        def flush() -> None:
+            args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - len(deleted)]]
             batch.clear()
-            return int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted.extend(_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args))
 
         for job_id in self.scan_job_ids(queue, count=SCAN_CHUNK):
             batch.append(job_id)
             if len(batch) >= SCAN_CHUNK:
-                deleted += flush()
-                if deleted >= limit:
+                flush()
+                if len(deleted) >= limit:
                     return deleted
         if batch:
-            deleted += flush()
+            flush()
         return deleted
 
     def obliterate(self, queue: str, *, force: bool = False) -> int:
