@@ -700,7 +700,17 @@ class Queue:
         (cancel them first). Returns how many were deleted. The model mirror's rows of these
         jobs are removed too, since no event will tell it."""
         ids = [validate_job_id(job_id) for job_id in job_ids]
-        deleted = self.storage.delete_finished(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            deleted = self.storage.delete_finished(self.name, ids)
+        else:  # their journal entries go too (see clean)
+            from .journal import forget
+            from .storage.redis.storage import RedisStorage
+
+            assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
+            gone = self.storage.delete_finished_ids(self.name, ids)
+            forget(self.name, started, gone)
+            deleted = len(gone)
         if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
             self._forget_mirror_rows(ids)
         return deleted

@@ -327,6 +327,14 @@ def test_clean_deletes_the_entries_of_the_jobs_it_deleted_and_no_other(q, storag
     assert q.get_status("done") is None
 
 
+def test_deleting_finished_jobs_deletes_their_entries_only(q, storage, alias):
+    q.enqueue_many([("done", 1), ("waiting", 2)])
+    finish(storage, "done")
+    assert q.delete(["done", "waiting"]) == 1  # a waiting job is not deleted ...
+    assert set(entries(alias)) == {"waiting"}  # ... and keeps its entry
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+
+
 def test_dry_run_reports_and_changes_nothing(q, storage, redis_client, alias):
     q.enqueue("lost", 1)
     q.enqueue("done", 2)

@@ -654,14 +654,18 @@ class RedisStorage(Storage):
                 self.client.zrem(k.dead, *batch)
 
     def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
-        """clean.lua with no age limit: it re-checks each record's state before deleting."""
+        return len(self.delete_finished_ids(queue, job_ids))
+
+    def delete_finished_ids(self, queue: str, job_ids: Sequence[str]) -> list[str]:
+        """``delete_finished``, returning the deleted ids (journal mode deletes their entries).
+        clean.lua with no age limit: it re-checks each record's state before deleting."""
         k = self.keys(queue)
         ids = list(dict.fromkeys(job_ids))
         states = ",".join(s.value for s in TERMINAL_STATES)
-        deleted = 0
+        deleted: list[str] = []
         for start in range(0, len(ids), SCAN_CHUNK):
             args = [self._now_arg(), 0, states, *ids[start : start + SCAN_CHUNK]]
-            deleted += int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
         return deleted
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
