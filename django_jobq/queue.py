@@ -172,6 +172,10 @@ class Queue:
         max_payload_bytes: refuse serialised payloads above this size.
         durability: "redis" or "journal" (see docs/durability.md); default from the
             ``JOBQ`` setting (``QUEUES[name]["durability"]``, else ``DURABILITY``).
+
+    Every method that reaches the storage raises ``StorageUnavailable`` when it does not
+    answer (``StorageFull``: Redis at ``maxmemory``), whatever the backend; the storage
+    layer translates its client's errors, so nothing here catches redis-py's.
     """
 
     def __init__(
