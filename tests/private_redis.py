@@ -65,10 +65,11 @@ class PrivateRedis:
         return cls(workdir, *extra, port=port)
 
     def _answers(self) -> bool:
+        """Our own process answers (not another test's server that won the port race)."""
         if self.proc.poll() is not None:
             return False
         try:
-            return bool(self.client.ping())
+            return int(self.client.info("server")["process_id"]) == self.proc.pid
         except Exception:
             return False
 

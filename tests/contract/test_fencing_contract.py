@@ -144,3 +144,35 @@ def test_a_job_reconcile_recreated_refuses_the_lost_runs_complete(private_redis,
     assert storage.get_record(Q, "x").state is JobState.ACTIVE
     assert storage.complete(Q, "x", worker_b.token, b'"b"') is AckOutcome.COMPLETED
     assert bytes(storage.get_record(Q, "x").result) == b'"b"'
+
+
+# -- a clock that stepped back ------------------------------------------------------------------
+
+AHEAD = 9_000_000_000_000_000_000  # a token taken by a clock far ahead (past a double's 2^53)
+
+
+@pytest.mark.redis
+def test_redis_continues_a_token_above_the_clock_exactly(private_redis):
+    """A record whose token is above what the clock gives now (the clock stepped back) gets
+    previous + 1, computed exactly in 64 bits (a Lua number would round it)."""
+    storage = RedisStorage(private_redis.client, prefix="fence")
+    storage.enqueue(Q, new_job("x"))
+    private_redis.client.hset(storage.keys(Q).job("x"), "token", AHEAD)
+    first = claim(storage)
+    storage.release(Q, "x", first.token)
+    second = claim(storage)
+    assert (first.token, second.token) == (AHEAD + 1, AHEAD + 2)
+    assert storage.complete(Q, "x", AHEAD + 1, b'"stale"') is AckOutcome.LEASE_LOST
+    assert storage.complete(Q, "x", second.token, b'"ok"') is AckOutcome.COMPLETED
+
+
+DB_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.mark.parametrize("backend", DB_BACKENDS)
+def test_the_database_continues_a_token_above_the_clock(storage):
+    storage.enqueue(Q, new_job("x"))
+    storage.Job.objects.using(storage.using).filter(queue=Q, job_id="x").update(token=AHEAD)
+    first = claim(storage)
+    storage.release(Q, "x", first.token)
+    assert (first.token, claim(storage).token) == (AHEAD + 1, AHEAD + 2)

@@ -27,13 +27,14 @@ local function token_base(nonce)
   return t[1] .. string.format('%06d%03d', tonumber(t[2]), tonumber(nonce) % 1000)
 end
 
-local function next_token(job_key, base)
-  local prev = redis.call('HGET', job_key, 'token')
+-- The claim's token, given the record's current one (`prev`, read by the caller's HMGET). The
+-- caller writes it with its own HSET; only when `prev` is not below the base (a claim within
+-- the same microsecond, or a clock that stepped back) does this write, by HINCRBY.
+local function next_token(job_key, base, prev)
   if prev and (#prev > #base or (#prev == #base and prev >= base)) then
     redis.call('HINCRBY', job_key, 'token', 1)
     return redis.call('HGET', job_key, 'token')
   end
-  redis.call('HSET', job_key, 'token', base)
   return base
 end
 
