@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -18,6 +18,7 @@ from .conf import (
     OPTION_NAMES,
     get_storage,
     jobq_settings,
+    journal_in_settings,
     queue_defaults,
     queue_durability,
     validate_durability,
@@ -63,6 +64,9 @@ from .validation import (
     validate_priority,
     validate_queue_name,
 )
+
+if TYPE_CHECKING:
+    from .storage.redis.storage import RedisStorage
 
 logger = logging.getLogger("django_jobq.queue")
 _SERDE_CACHE: dict[str, Serde] = {}
@@ -518,7 +522,12 @@ class Queue:
     def purge_dead(self, job_ids: Iterable[str] | None = None) -> int:
         """Delete dead letters (the given ids, or all); their ids can be enqueued again."""
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
-        return self.storage.purge_dead(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.purge_dead(self.name, ids)
+        return self._forget_journaled(
+            started, self._journal_storage().purge_dead_ids(self.name, ids)
+        )
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -616,15 +625,9 @@ class Queue:
         started = self._journal_clock()
         if started is None:
             return self.storage.clean(self.name, age, chosen, limit)
-        # Journal entries of the deleted jobs go too, whatever this Queue's durability: an
-        # entry left behind would make reconcile re-create a job an operator deleted.
-        from .journal import forget
-        from .storage.redis.storage import RedisStorage
-
-        assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
-        job_ids = self.storage.clean_ids(self.name, age, chosen, limit)
-        forget(self.name, started, job_ids)
-        return len(job_ids)
+        return self._forget_journaled(
+            started, self._journal_storage().clean_ids(self.name, age, chosen, limit)
+        )
 
     def obliterate(self, *, force: bool = False) -> int:
         """Delete the queue and everything in it. Refuses while jobs run unless ``force``
@@ -644,13 +647,31 @@ class Queue:
             self._forget_mirror_rows()
         return removed
 
+    # Deleting jobs of a project that uses the journal deletes their journal entries too, even
+    # through a Queue object not in journal mode: an entry left behind would make reconcile
+    # re-create a job an operator deleted. The storage's ``*_ids`` variants say which jobs
+    # went. A project without the journal never touches its table (like the reaper).
+
     def _journal_clock(self) -> int | None:
-        """Now (the journal's clock, epoch ms) when the storage keeps a journal, else None."""
-        if not self.storage.supports_journal:
+        """Now (the journal's clock, epoch ms) when the journal applies, else None."""
+        if not self.storage.supports_journal or not (self.journaled or journal_in_settings()):
             return None
         from .journal import now_ms
 
         return now_ms()
+
+    def _journal_storage(self) -> RedisStorage:
+        from .storage.redis.storage import RedisStorage
+
+        assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
+        return self.storage
+
+    def _forget_journaled(self, started: int, job_ids: list[str]) -> int:
+        """Delete the entries of ``job_ids``, just deleted from Redis; returns how many jobs."""
+        from .journal import forget
+
+        forget(self.name, started, job_ids)
+        return len(job_ids)
 
     def _forget_mirror_rows(self, job_ids: list[str] | None = None) -> None:
         """The model mirror of a Redis queue is what the admin shows: an obliterated queue (or
@@ -707,14 +728,9 @@ class Queue:
         started = self._journal_clock()
         if started is None:
             deleted = self.storage.delete_finished(self.name, ids)
-        else:  # their journal entries go too (see clean)
-            from .journal import forget
-            from .storage.redis.storage import RedisStorage
-
-            assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
-            gone = self.storage.delete_finished_ids(self.name, ids)
-            forget(self.name, started, gone)
-            deleted = len(gone)
+        else:
+            gone = self._journal_storage().delete_finished_ids(self.name, ids)
+            deleted = self._forget_journaled(started, gone)
         if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
             self._forget_mirror_rows(ids)
         return deleted

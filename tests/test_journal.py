@@ -308,9 +308,12 @@ def test_obliterate_refused_for_active_jobs_keeps_the_journal(q, storage, alias)
     assert set(entries(alias)) == {"running"}
 
 
-def test_obliterate_through_a_queue_not_in_journal_mode_deletes_the_entries_too(q, storage, alias):
+def test_obliterate_through_a_queue_not_in_journal_mode_deletes_the_entries_too(
+    q, storage, alias, jobq, settings
+):
+    settings.JOBQ = {**jobq, "QUEUES": {QUEUE: {"durability": "journal"}}}
     q.enqueue("a", 1)
-    Queue(QUEUE, storage=storage).obliterate()
+    Queue(QUEUE, storage=storage, durability="redis").obliterate()
     assert entries(alias) == {}
     assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
 
@@ -332,6 +335,15 @@ def test_deleting_finished_jobs_deletes_their_entries_only(q, storage, alias):
     finish(storage, "done")
     assert q.delete(["done", "waiting"]) == 1  # a waiting job is not deleted ...
     assert set(entries(alias)) == {"waiting"}  # ... and keeps its entry
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+
+
+def test_purging_dead_letters_deletes_their_entries(q, storage, alias):
+    q.enqueue_many([("dead", 1), ("waiting", 2)])
+    claimed = storage.claim(QUEUE, "w1", 1, 30_000).jobs[0]
+    storage.fail(QUEUE, "dead", claimed.token, b'{"type": "E"}', permanent=True)
+    assert q.purge_dead() == 1
+    assert set(entries(alias)) == {"waiting"}
     assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
 
 

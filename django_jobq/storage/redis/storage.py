@@ -635,9 +635,13 @@ class RedisStorage(Storage):
         return int(self.client.zcard(self.keys(queue).dead))
 
     def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
-        """Deleted through clean.lua, which re-checks each record is still failed."""
+        return len(self.purge_dead_ids(queue, job_ids))
+
+    def purge_dead_ids(self, queue: str, job_ids: Sequence[str] | None = None) -> list[str]:
+        """``purge_dead``, returning the deleted ids (journal mode deletes their entries).
+        Deleted through clean.lua, which re-checks each record is still failed."""
         k = self.keys(queue)
-        deleted = 0
+        deleted: list[str] = []
         while True:
             if job_ids is None:
                 batch = [_s(x) for x in self.client.zrange(k.dead, 0, SCAN_CHUNK - 1)]
@@ -646,8 +650,7 @@ class RedisStorage(Storage):
             if not batch:
                 return deleted
             args = [self._now_arg(), 0, JobState.FAILED.value, *batch]
-            n = int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
-            deleted += n
+            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
             if job_ids is None:
                 # Entries that were not failed any more (retried in between) leave too, so
                 # the loop always makes progress.
