@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -18,6 +18,7 @@ from .conf import (
     OPTION_NAMES,
     get_storage,
     jobq_settings,
+    journal_in_settings,
     queue_defaults,
     queue_durability,
     validate_durability,
@@ -63,6 +64,9 @@ from .validation import (
     validate_priority,
     validate_queue_name,
 )
+
+if TYPE_CHECKING:
+    from .storage.redis.storage import RedisStorage
 
 logger = logging.getLogger("django_jobq.queue")
 _SERDE_CACHE: dict[str, Serde] = {}
@@ -172,6 +176,10 @@ class Queue:
         max_payload_bytes: refuse serialised payloads above this size.
         durability: "redis" or "journal" (see docs/durability.md); default from the
             ``JOBQ`` setting (``QUEUES[name]["durability"]``, else ``DURABILITY``).
+
+    Every method that reaches the storage raises ``StorageUnavailable`` when it does not
+    answer (``StorageFull``: Redis at ``maxmemory``), whatever the backend; the storage
+    layer translates its client's errors, so nothing here catches redis-py's.
     """
 
     def __init__(
@@ -514,7 +522,12 @@ class Queue:
     def purge_dead(self, job_ids: Iterable[str] | None = None) -> int:
         """Delete dead letters (the given ids, or all); their ids can be enqueued again."""
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
-        return self.storage.purge_dead(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.purge_dead(self.name, ids)
+        return self._forget_journaled(
+            started, self._journal_storage().purge_dead_ids(self.name, ids)
+        )
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -608,19 +621,57 @@ class Queue:
             raise InvalidOption(f"states: {exc}") from None
         if not chosen or any(s not in TERMINAL_STATES for s in chosen):
             raise InvalidOption("clean only removes finished jobs: completed, failed, cancelled")
-        return self.storage.clean(
-            self.name, _duration_ms("older_than", older_than), chosen,
-            validate_positive_int("limit", limit),
-        )  # fmt: skip
+        age, limit = _duration_ms("older_than", older_than), validate_positive_int("limit", limit)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.clean(self.name, age, chosen, limit)
+        return self._forget_journaled(
+            started, self._journal_storage().clean_ids(self.name, age, chosen, limit)
+        )
 
     def obliterate(self, *, force: bool = False) -> int:
         """Delete the queue and everything in it. Refuses while jobs run unless ``force``
-        (their workers' verdicts are then refused). Returns how many jobs were deleted."""
+        (their workers' verdicts are then refused). Returns how many jobs were deleted.
+
+        With Redis, the queue's journal entries are deleted once Redis's keys are (an entry
+        left behind would make ``jobq_reconcile`` re-create the job). Should Redis fail half
+        way, the entries stay until obliterate is called again and completes."""
+        started = self._journal_clock()
         removed = self.storage.obliterate(self.name, force=_flag("force", force))
         self._registered = False
+        if started is not None:
+            from .journal import forget
+
+            forget(self.name, started)
         if hasattr(self.storage, "read_group"):  # a backend with a model mirror (Redis)
             self._forget_mirror_rows()
         return removed
+
+    # Deleting jobs of a project that uses the journal deletes their journal entries too, even
+    # through a Queue object not in journal mode: an entry left behind would make reconcile
+    # re-create a job an operator deleted. The storage's ``*_ids`` variants say which jobs
+    # went. A project without the journal never touches its table (like the reaper).
+
+    def _journal_clock(self) -> int | None:
+        """Now (the journal's clock, epoch ms) when the journal applies, else None."""
+        if not self.storage.supports_journal or not (self.journaled or journal_in_settings()):
+            return None
+        from .journal import now_ms
+
+        return now_ms()
+
+    def _journal_storage(self) -> RedisStorage:
+        from .storage.redis.storage import RedisStorage
+
+        assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
+        return self.storage
+
+    def _forget_journaled(self, started: int, job_ids: list[str]) -> int:
+        """Delete the entries of ``job_ids``, just deleted from Redis; returns how many jobs."""
+        from .journal import forget
+
+        forget(self.name, started, job_ids)
+        return len(job_ids)
 
     def _forget_mirror_rows(self, job_ids: list[str] | None = None) -> None:
         """The model mirror of a Redis queue is what the admin shows: an obliterated queue (or
@@ -674,7 +725,12 @@ class Queue:
         (cancel them first). Returns how many were deleted. The model mirror's rows of these
         jobs are removed too, since no event will tell it."""
         ids = [validate_job_id(job_id) for job_id in job_ids]
-        deleted = self.storage.delete_finished(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            deleted = self.storage.delete_finished(self.name, ids)
+        else:
+            gone = self._journal_storage().delete_finished_ids(self.name, ids)
+            deleted = self._forget_journaled(started, gone)
         if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
             self._forget_mirror_rows(ids)
         return deleted

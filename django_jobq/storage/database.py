@@ -39,7 +39,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery
 
-from ..errors import QueueBusy, StorageError
+from ..errors import QueueBusy, StorageError, StorageUnavailable
 from ..job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -61,7 +61,7 @@ from ..job import (
 )
 from ..registry import handler_name
 from ..states import TERMINAL_STATES, WAITING_STATES, JobState
-from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 
 logger = logging.getLogger("django_jobq.storage")
 CHANNEL = "django_jobq"
@@ -80,6 +80,8 @@ RETURNING = (
     "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, max_backoff, "
     "content_type, priority, order_key, job_group"
 )
+# SQLite raises OperationalError for these too; they are errors of the schema, not outages.
+SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "table ", "near ")
 CONFIG_COLUMNS = (
     "paused, postponed_until, concurrency, rate_max, rate_window, group_rate_max, group_rate_window"
 )
@@ -178,6 +180,21 @@ class _Flow:
 
 class DatabaseStorage(Storage):
     supports_transactional_enqueue = True
+
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """A lost or refused connection, a server shutting down, SQLite locked past its busy
+        timeout: ``OperationalError`` / ``InterfaceError``. Not integrity or programming
+        errors, nor SQLite's schema complaints, which share its ``OperationalError`` class
+        (a missing table is a missing ``migrate``, not an outage)."""
+        from django.db import InterfaceError, OperationalError
+
+        if isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_SCHEMA_ERRORS):
+            return None
+        if isinstance(exc, OperationalError | InterfaceError):
+            return StorageUnavailable(
+                f"database {self.using!r} did not answer: {type(exc).__name__}: {exc}"
+            )
+        return None
 
     def __init__(
         self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
@@ -785,11 +802,15 @@ class DatabaseStorage(Storage):
         else:
             where = f"state = 'queued' AND id IN ({', '.join(['%s'] * len(ids))})"
             params = list(ids)
+        # The token is max(token + 1, token_base()): a row deleted and created again (expiry,
+        # retention, obliterate) must not hand out a token of its previous life.
+        base = token_base()
         return self._sql(
-            f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
+            f"UPDATE {self._table} SET state = 'active', worker = %s, "
+            "token = CASE WHEN token >= %s THEN token + 1 ELSE %s END, "
             f"attempts = attempts + 1, started_at = %s, lease_deadline = %s WHERE {where} "
             + RETURNING,
-            [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), *params],
+            [worker_id, base, base, self._param_dt(now), self._param_dt(now + lease_ms), *params],
         )
 
     def _claimed(self, queue: str, rows: list[Any], worker_id: str, now: int) -> list[ClaimedJob]:

@@ -39,7 +39,7 @@ from ..job import (
     StoredEnqueue,
 )
 from ..states import TERMINAL_STATES, JobState
-from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 
 # Jobs a claim may look at (and, for groups over budget, move to scheduled) before it gives up,
 # so that one claim's time stays bounded however many jobs wait behind a busy group.
@@ -120,6 +120,7 @@ class MemoryStorage(Storage):
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
         self._event_seq = itertools.count(1)
         self._versions = itertools.count(1)
+        self._last_token = 0  # the last fencing token handed out (see _lease)
         self._interrupted: dict[str, bool] = {}
 
     # -- helpers ----------------------------------------------------------------------------
@@ -448,7 +449,10 @@ class MemoryStorage(Storage):
     ) -> ClaimedJob:
         rec.state = JobState.ACTIVE
         rec.attempts += 1
-        rec.token += 1
+        # Storage-wide and strictly increasing: no token repeats for the life of the process,
+        # even for an id deleted and enqueued again (see token_base).
+        self._last_token = max(self._last_token + 1, rec.token + 1, token_base())
+        rec.token = self._last_token
         rec.started_at = now
         rec.deadline = now + lease_ms
         rec.worker = worker_id
