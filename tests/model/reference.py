@@ -155,7 +155,12 @@ class ModelQueue:
         if spec.dedup is not None:
             key, mode, ttl = spec.dedup
             job.holds_key = key
-            self.keys[key] = (spec.job_id, job.generation, mode, None if ttl is None else self.now + ttl)
+            self.keys[key] = (
+                spec.job_id,
+                job.generation,
+                mode,
+                None if ttl is None else self.now + ttl,
+            )
         self._set_due(job, self.now + spec.delay)
         return Expected(EnqueueOutcome.QUEUED, spec.job_id, job.state)
 
