@@ -66,11 +66,10 @@ def size(backend: str) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         database=None,  # a failure is reported with its steps; no example store in the checkout
         report_multiple_bugs=False,
-        # Shrinking a failure costs minutes of committed transactions on the databases; CI
-        # reports their failing sequence as found (replay it shrunk with JOBQ_MODEL_LONG=1).
-        phases=list(Phase)
-        if LONG or backend in ("memory", "redis")
-        else [Phase.explicit, Phase.reuse, Phase.generate],
+        # Shrinking a failure costs minutes (of committed transactions, on the databases): CI
+        # reports the failing sequence as found; the long run shrinks it, and test_model_replays
+        # keeps the minimal sequences found so far.
+        phases=list(Phase) if LONG else [Phase.explicit, Phase.reuse, Phase.generate],
     )
 
 
