@@ -52,7 +52,7 @@ ERROR = b'{"type": "ValueError", "message": "boom"}'
 
 # CI: about 60 s for the four backends on a 2-core machine (a PostgreSQL step is a few
 # committed transactions); the long run: JOBQ_MODEL_LONG=1, sized by JOBQ_MODEL_EXAMPLES.
-CI_EXAMPLES = {"memory": 150, "redis": 60, "sqlite": 25, "postgres": 20}
+CI_EXAMPLES = {"memory": 150, "redis": 60, "sqlite": 20, "postgres": 15}
 
 
 def size(backend: str) -> settings:
