@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -116,6 +117,41 @@ def _bytes(value: Any) -> bytes | None:
 
 def _json_bytes(value: Any) -> bytes | None:
     return None if value is None else json.dumps(value).encode()
+
+
+# What PostgreSQL's jsonb refuses inside a string: NUL, and lone UTF-16 surrogates (json.dumps
+# writes both as \u escapes, which jsonb rejects on input). A str that json.loads made holds
+# a surrogate only when it is lone: an escaped pair decodes to one character.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clean_text(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _storable_json(raw: bytes, vendor: str) -> Any:
+    """The JSON value of ``raw`` (an error record, a progress value) as this database can
+    store it. An exception message or a progress line may hold any text; on PostgreSQL a NUL
+    or a lone surrogate would make the whole verdict fail with a DataError (the job would
+    then run again when its lease expires, its error lost), so those characters become
+    U+FFFD, the replacement character, and the rest of the value is kept as it is."""
+    value = json.loads(raw)
+    if vendor != "postgresql":
+        return value
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:  # iterative: a progress value may be nested deeper than the stack allows
+        parent, key = stack.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = _clean_text(item)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+        elif isinstance(item, dict):
+            cleaned = {_clean_text(k): v for k, v in item.items()}
+            parent[key] = cleaned
+            stack.extend((cleaned, k) for k in cleaned)
+    return root[0]
 
 
 def _public_id(stored: str) -> str:
@@ -1027,7 +1063,7 @@ class DatabaseStorage(Storage):
         """``final`` CANCELLED is ``cancel_active``: the same ending, in another state."""
         now = self._now()
         with self._atomic():
-            row = self._take_lease(queue, job_id, token, error=json.loads(error))
+            row = self._take_lease(queue, job_id, token, error=_storable_json(error, self.vendor))
             if row is None:
                 return AckOutcome.LEASE_LOST
             if permanent or row["attempts"] >= row["max_attempts"]:
@@ -1132,7 +1168,7 @@ class DatabaseStorage(Storage):
                 return False
             fields: dict[str, Any] = {}
             if progress is not None:
-                fields["progress"] = json.loads(progress)
+                fields["progress"] = _storable_json(progress, self.vendor)
             if log is not None:
                 fields["logs"] = [*(row["logs"] or []), [now, log]][-LOG_LINES:]
             self._jobs().filter(pk=row["id"]).update(**fields)
@@ -1560,7 +1596,7 @@ class DatabaseStorage(Storage):
             if ok:
                 return held.delete()[0] > 0
             due = _dt(self._now() + max(retry_in_ms, 0))
-            last_error = json.loads(error) if error else None
+            last_error = _storable_json(error, self.vendor) if error else None
             return held.update(due_at=due, last_error=last_error) > 0
 
     def count_failure_calls(self, queue: str) -> int:
