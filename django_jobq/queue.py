@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import envelope
+from . import envelope, signals
 from .conf import (
     OPTION_NAMES,
     get_storage,
@@ -313,9 +313,13 @@ class Queue:
     def submit(self, job: NewJob) -> EnqueueResult:
         """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
         if self.journaled:
-            return self._public(self._journal([job])[0])
-        self._register()
-        return self._public(self.storage.enqueue(self.name, job))
+            stored = self._journal([job])[0]
+        else:
+            self._register()
+            stored = self.storage.enqueue(self.name, job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
+        return self._public(stored)
 
     @property
     def journaled(self) -> bool:
@@ -361,7 +365,9 @@ class Queue:
 
         def send() -> None:
             self._register()
-            self.storage.enqueue(self.name, job)
+            stored = self.storage.enqueue(self.name, job)
+            if signals.job_enqueued.receivers:
+                signals.enqueued(Queue, self.name, [stored])
 
         transaction.on_commit(send, using=using)
         return job.job_id
@@ -383,9 +389,13 @@ class Queue:
         if not built:
             return []
         if self.journaled:
-            return [self._public(s) for s in self._journal(built)]
-        self._register()
-        return [self._public(s) for s in self.storage.enqueue_many(self.name, built)]
+            stored = self._journal(built)
+        else:
+            self._register()
+            stored = self.storage.enqueue_many(self.name, built)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, stored)
+        return [self._public(s) for s in stored]
 
     def enqueue_and_wait(
         self, job_id: str | None = None, payload: Any = None, *, timeout: float, **options: Any
@@ -411,6 +421,8 @@ class Queue:
         else:
             self._register()
             stored = self.storage.enqueue(self.name, job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
         if stored.state is JobState.COMPLETED:
             return self.serde_loads(stored.result)
         if stored.state in (JobState.FAILED, JobState.CANCELLED):
@@ -449,7 +461,11 @@ class Queue:
         cannot kill a thread, so there it stays cooperative); the attempt then ends
         ``cancelled`` whatever the handler returns. Otherwise why not: ``not_found``,
         ``completed``, ``failed``."""
-        return self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        outcome = self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        if outcome is CancelOutcome.CANCELLED and signals.job_cancelled.receivers:
+            signals.send(signals.job_cancelled, Queue, queue=self.name, job_id=job_id,
+                         worker_id=None)  # fmt: skip
+        return outcome
 
     def change_run_at(
         self,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from . import flows
+from . import flows, signals
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
@@ -47,6 +47,9 @@ RECONNECT_MAX = 1.0
 
 # Verdicts after which a flow child's parents may be released.
 _FINAL = frozenset({AckOutcome.COMPLETED, AckOutcome.FAILED, AckOutcome.CANCELLED})
+# Signals sent for a verdict; a batch is looked at only when one of them has a receiver.
+_VERDICT_SIGNALS = (signals.job_finished, signals.job_failed, signals.job_retrying,
+                    signals.job_cancelled)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -56,7 +59,7 @@ class _InFlight:
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
     finished: bool = False  # the handler returned; its verdict is on the way to storage
     cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
-    since: float = 0.0  # monotonic time it was handed to the pool (autoscale's latency)
+    since: float = 0.0  # monotonic time it was handed to the pool (run time, autoscale)
 
 
 class Worker:
@@ -288,8 +291,13 @@ class Worker:
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner),
-                    since=time.monotonic() if self.autoscaler is not None else 0.0,
+                    since=time.monotonic(),
                 )  # fmt: skip
+        if signals.job_started.receivers:
+            for claimed in jobs:
+                signals.send(signals.job_started, Worker, queue=claimed.queue,
+                             job_id=claimed.job_id, attempt=claimed.attempt,
+                             worker_id=self.worker_id)  # fmt: skip
         size = self.handlers.options(jobs[0].queue).batch if jobs else None
         if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
             for i in range(0, len(jobs), size):
@@ -439,6 +447,9 @@ class Worker:
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
         flow_children = []
+        observed: list[tuple[Ack, AckOutcome, _InFlight]] | None = (
+            [] if any(s.receivers for s in _VERDICT_SIGNALS) else None
+        )
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
                 entry = self._inflight.pop((name, ack.job_id, ack.token), None)
@@ -446,10 +457,35 @@ class Worker:
                     self._free += 1
                     if outcome in _FINAL and "parents" in entry.job.meta:
                         flow_children.append(entry.job.meta)
+                    if observed is not None:
+                        observed.append((ack, outcome, entry))
                 self._count(name, ack, outcome)
             self._cond.notify_all()
         for meta in flow_children:
             self._resolve_parents(meta)
+        if observed:
+            self._signal_verdicts(name, observed)
+
+    def _signal_verdicts(
+        self, name: str, observed: list[tuple[Ack, AckOutcome, _InFlight]]
+    ) -> None:
+        """job_finished for each verdict, then the signal of its outcome (after storage
+        accepted it, so a receiver never sees an outcome that did not happen)."""
+        now = time.monotonic()
+        for ack, outcome, entry in observed:
+            base = {"queue": name, "job_id": ack.job_id, "attempt": entry.claimed.attempt,
+                    "worker_id": self.worker_id}  # fmt: skip
+            error = signals.decode_error(ack.body) if ack.kind in ("fail", "cancel") else None
+            signals.send(signals.job_finished, Worker, outcome=str(outcome),
+                         duration=now - entry.since, error=error, **base)  # fmt: skip
+            if outcome is AckOutcome.FAILED:
+                signals.send(signals.job_failed, Worker, error=error, **base)
+            elif outcome is AckOutcome.RETRYING:
+                delay = (ack.retry_in or 0) / 1000
+                signals.send(signals.job_retrying, Worker, error=error, delay=delay, **base)
+            elif outcome is AckOutcome.CANCELLED:
+                signals.send(signals.job_cancelled, Worker, queue=name, job_id=ack.job_id,
+                             worker_id=self.worker_id)  # fmt: skip
 
     def _resolve_parents(self, meta: dict) -> None:
         """Fast path of flows: a child that finished releases its parents now, not at the
@@ -507,6 +543,9 @@ class Worker:
                                 "requeued stalled jobs %s, failed %s on %s",
                                 report.requeued, report.failed, name,
                             )  # fmt: skip
+                            if signals.job_stalled.receivers:
+                                signals.stalled(Worker, name, report.requeued, report.failed,
+                                                self.worker_id)  # fmt: skip
             except Exception as exc:
                 logger.warning("heartbeat failed (%s); leases may lapse", exc)
 
