@@ -31,5 +31,7 @@ JOBQ = {
     "BACKEND": "redis",
     "REDIS_URL": os.environ.get("JOBQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "PREFIX": os.environ.get("JOBQ_BENCH_PREFIX", "jobqbench"),
+    # JOBQ_BENCH_METRICS=1: every process counts its job signals (the cost of the metrics).
+    "METRICS": {"ENABLED": os.environ.get("JOBQ_BENCH_METRICS") == "1"},
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -32,6 +32,8 @@ from .errors import ConfigurationError, JobCancelled
 from .execution import envelope_meta, error_body, job_timeouts, make_job
 from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
+from .metrics.tally import Tally
+from .metrics.tally import current as metrics_tally
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
@@ -139,6 +141,8 @@ class Worker:
         self._stopping = threading.Event()
         self._hurry = threading.Event()  # second signal: skip the grace period
         self._threads: list[threading.Thread] = []
+        self._beat_at: float | None = None  # monotonic time of the last successful heartbeat
+        self._tally: Tally | None = None  # this process's metrics, when installed (run())
         self.started = threading.Event()
         self.stopped = threading.Event()
 
@@ -167,11 +171,13 @@ class Worker:
     def run(self) -> None:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
+        self._tally = metrics_tally()
         self._apply_configured_limits()
         self._failures.apply_hooks()
         self._start_threads()
         try:
             self._register()
+            self._beat_at = time.monotonic()
         except Exception as exc:  # storage blip at start: the heartbeat registers us later
             logger.warning("could not register worker %s yet: %s", self.worker_id, exc)
         logger.info(
@@ -220,6 +226,14 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def metrics_snapshot(self) -> dict[str, float]:
+        """Slots, busy slots and heartbeat age (s; -1 before the first), for metrics."""
+        with self._cond:
+            busy = len(self._inflight)
+        beat = self._beat_at
+        age = -1.0 if beat is None else time.monotonic() - beat
+        return {"slots": self._limit, "busy": busy, "heartbeat_age": age}
 
     def _start_threads(self) -> None:
         self._runner.start(self.concurrency)
@@ -283,6 +297,7 @@ class Worker:
         return claimed, wait
 
     def _dispatch(self, jobs: list[ClaimedJob]) -> None:
+        now = time.monotonic()
         with self._cond:
             self._free -= len(jobs)
             for claimed in jobs:
@@ -291,8 +306,10 @@ class Worker:
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner),
-                    since=time.monotonic(),
+                    since=now,
                 )  # fmt: skip
+            if self._tally is not None:  # one claim: one queue
+                self._tally.started(jobs[0].queue, len(jobs))
         if signals.job_started.receivers:
             for claimed in jobs:
                 signals.send(signals.job_started, Worker, queue=claimed.queue,
@@ -450,6 +467,8 @@ class Worker:
         observed: list[tuple[Ack, AckOutcome, _InFlight]] | None = (
             [] if any(s.receivers for s in _VERDICT_SIGNALS) else None
         )
+        tally = self._tally
+        now = time.monotonic() if tally is not None else 0.0
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
                 entry = self._inflight.pop((name, ack.job_id, ack.token), None)
@@ -459,6 +478,8 @@ class Worker:
                         flow_children.append(entry.job.meta)
                     if observed is not None:
                         observed.append((ack, outcome, entry))
+                    if tally is not None:
+                        tally.finished(name, outcome, now - entry.since)
                 self._count(name, ack, outcome)
             self._cond.notify_all()
         for meta in flow_children:
@@ -592,6 +613,7 @@ class Worker:
                     logger.warning("[%s/%s] lease lost; asking the handler to stop", name, job_id)
                     entry.job.cancel_event.set()
         self._register()
+        self._beat_at = time.monotonic()
 
     def _register(self) -> None:
         info = {
