@@ -468,7 +468,7 @@ class Worker:
             [] if any(s.receivers for s in _VERDICT_SIGNALS) else None
         )
         tally = self._tally
-        now = time.monotonic() if tally is not None else 0.0
+        timed: list[tuple[str, float]] | None = [] if tally is not None else None
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
                 entry = self._inflight.pop((name, ack.job_id, ack.token), None)
@@ -478,10 +478,12 @@ class Worker:
                         flow_children.append(entry.job.meta)
                     if observed is not None:
                         observed.append((ack, outcome, entry))
-                    if tally is not None:
-                        tally.finished(name, outcome, now - entry.since)
+                    if timed is not None:
+                        timed.append((outcome, entry.since))
                 self._count(name, ack, outcome)
             self._cond.notify_all()
+        if timed and tally is not None:
+            tally.verdicts(name, time.monotonic(), timed)
         for meta in flow_children:
             self._resolve_parents(meta)
         if observed:
