@@ -35,3 +35,19 @@ JOBQ = {
     "METRICS": {"ENABLED": os.environ.get("JOBQ_BENCH_METRICS") == "1"},
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+if os.environ.get("JOBQ_BENCH_TRACING") == "1":
+    # bench.observability --mode tracing: a real SDK provider whose batch processor hands spans
+    # to an exporter that drops them, so the figure is django_jobq's and the SDK's cost, not a
+    # collector's.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class _Drop(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(_Drop()))
+    trace.set_tracer_provider(_provider)

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import envelope, signals
+from . import envelope, signals, tracing
 from .conf import (
     OPTION_NAMES,
     get_storage,
@@ -308,6 +308,11 @@ class Queue:
 
         See docs/scheduling.md for the exact rules.
         """
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                return self.submit(job)
         return self.submit(self.build(job_id, payload, **options))
 
     def submit(self, job: NewJob) -> EnqueueResult:
@@ -378,14 +383,23 @@ class Queue:
         """Enqueue many jobs in pipelined batches; each item is ``(job_id, payload)`` or a dict
         with ``id``, ``payload`` and options. Every item is validated before anything is sent,
         so one bad item refuses the whole call and writes nothing."""
+        if tracing.active():
+            items = list(jobs)
+            with tracing.producer_span(self.name, len(items)) as (_, carrier):
+                return self._enqueue_many(items, carrier)
+        return self._enqueue_many(jobs, {})
+
+    def _enqueue_many(
+        self, jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]], trace: dict[str, str]
+    ) -> list[EnqueueResult]:
         built = []
         for item in jobs:
             if isinstance(item, Mapping):
-                spec = dict(item)
+                spec = _with_trace(dict(item), trace)
                 built.append(self.build(spec.pop("id", None), spec.pop("payload", None), **spec))
             else:
                 job_id, payload = item
-                built.append(self.build(job_id, payload))
+                built.append(self.build(job_id, payload, **_with_trace({}, trace)))
         if not built:
             return []
         if self.journaled:
@@ -415,12 +429,14 @@ class Queue:
             # A blocked successor has no outcome until an unrelated run finishes; a caller
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.
             raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
-        job = self.build(job_id, payload, waiter=True, **options)
-        if self.journaled:
-            stored = self._journal_and_send(job)
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, waiter=True, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                stored = self._store_waited(job)
         else:
-            self._register()
-            stored = self.storage.enqueue(self.name, job)
+            job = self.build(job_id, payload, waiter=True, **options)
+            stored = self._store_waited(job)
         if signals.job_enqueued.receivers:
             signals.enqueued(Queue, self.name, [stored])
         if stored.state is JobState.COMPLETED:
@@ -433,6 +449,12 @@ class Queue:
         if outcome.state is JobState.COMPLETED:
             return self.serde_loads(outcome.result)
         raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    def _store_waited(self, job: NewJob) -> StoredEnqueue:
+        if self.journaled:
+            return self._journal_and_send(job)
+        self._register()
+        return self.storage.enqueue(self.name, job)
 
     def _journal_and_send(self, job: NewJob) -> StoredEnqueue:
         """enqueue_and_wait in journal mode: the wait needs the job in Redis now, so inside a
@@ -766,6 +788,14 @@ _EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _with_trace(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+    """``options`` with the trace context added to the job's envelope meta (when there is
+    one: an empty carrier leaves the job plain)."""
+    if not carrier:
+        return options
+    return {**options, "meta": {**(options.get("meta") or {}), tracing.TRACE_META: carrier}}
 
 
 def _window(value: int | dt.timedelta | None) -> int | None:

@@ -24,8 +24,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
-from . import flows, signals
+from . import flows, signals, tracing
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
@@ -62,6 +63,7 @@ class _InFlight:
     finished: bool = False  # the handler returned; its verdict is on the way to storage
     cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
     since: float = 0.0  # monotonic time it was handed to the pool (run time, autoscale)
+    span: Any = None  # the attempt's OpenTelemetry span, when tracing is on (tracing.py)
 
 
 class Worker:
@@ -310,6 +312,8 @@ class Worker:
                 )  # fmt: skip
             if self._tally is not None:  # one claim: one queue
                 self._tally.started(jobs[0].queue, len(jobs))
+        if tracing.active():
+            self._start_spans(jobs)
         if signals.job_started.receivers:
             for claimed in jobs:
                 signals.send(signals.job_started, Worker, queue=claimed.queue,
@@ -327,6 +331,16 @@ class Worker:
                 self._runner.submit(claimed, entry.job, partial(self._finished, entry, timer=timer))
             else:
                 self._work.put(claimed)
+
+    def _start_spans(self, jobs: list[ClaimedJob]) -> None:
+        """One consumer span per attempt, child of the producer's context in its envelope."""
+        with self._cond:
+            entries = [self._inflight.get((c.queue, c.job_id, c.token)) for c in jobs]
+        for entry in entries:
+            if entry is not None:
+                c = entry.claimed
+                entry.span = tracing.start_consumer(c.queue, c.job_id, c.attempt,
+                                                    self.worker_id, entry.job.meta)  # fmt: skip
 
     def _reporter(self, claimed: ClaimedJob) -> Reporter:
         """job.set_progress / job.log of one attempt, fenced by its token."""
@@ -390,7 +404,12 @@ class Worker:
                 entry = self._start(item)
                 if entry is not None:
                     timer = self._soft_timeout(item, [entry.job])
-                    self._finished(entry, runner.run(slot, item, entry.job), timer=timer)
+                    if entry.span is None:
+                        ack = runner.run(slot, item, entry.job)
+                    else:  # the handler's own spans nest under the attempt's
+                        with tracing.current(entry.span):
+                            ack = runner.run(slot, item, entry.job)
+                    self._finished(entry, ack, timer=timer)
                 continue
             live = [e for e in map(self._start, item) if e is not None]
             if not live:
@@ -463,7 +482,7 @@ class Worker:
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
-        flow_children = []
+        flow_children, spans = [], []
         observed: list[tuple[Ack, AckOutcome, _InFlight]] | None = (
             [] if any(s.receivers for s in _VERDICT_SIGNALS) else None
         )
@@ -480,6 +499,8 @@ class Worker:
                         observed.append((ack, outcome, entry))
                     if timed is not None:
                         timed.append((outcome, entry.since))
+                    if entry.span is not None:
+                        spans.append((ack, outcome, entry.span))
                 self._count(name, ack, outcome)
             self._cond.notify_all()
         if timed and tally is not None:
@@ -488,6 +509,9 @@ class Worker:
             self._resolve_parents(meta)
         if observed:
             self._signal_verdicts(name, observed)
+        for ack, outcome, span in spans:
+            error = signals.decode_error(ack.body) if ack.kind in ("fail", "cancel") else None
+            tracing.end_consumer(span, str(outcome), error)
 
     def _signal_verdicts(
         self, name: str, observed: list[tuple[Ack, AckOutcome, _InFlight]]

@@ -242,3 +242,30 @@ if os.environ.get("JOBQ_TEST_SIGNAL_LOG"):  # set by the subprocess signal tests
 
     for _signal in _signals.ALL:
         _signal.connect(_signal_ledger, weak=False, dispatch_uid="tests-signal-ledger")
+
+
+if os.environ.get("JOBQ_TEST_OTEL_LOG"):  # set by tests/test_tracing_processes.py only
+    # The worker's global tracer provider, exporting each ended span as one JSON line.
+    from opentelemetry import trace as _trace
+    from opentelemetry.sdk.trace import TracerProvider as _TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor as _Simple
+    from opentelemetry.sdk.trace.export import SpanExporter as _SpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult as _Result
+
+    class _JsonLines(_SpanExporter):
+        def export(self, spans):
+            with Path(os.environ["JOBQ_TEST_OTEL_LOG"]).open("a") as fh:
+                for span in spans:
+                    fh.write(json.dumps({
+                        "name": span.name, "kind": span.kind.name, "pid": os.getpid(),
+                        "trace_id": span.context.trace_id, "span_id": span.context.span_id,
+                        "parent_id": span.parent.span_id if span.parent else None,
+                        "status": span.status.status_code.name,
+                        "attributes": dict(span.attributes),
+                        "events": [e.name for e in span.events],
+                    }) + "\n")  # fmt: skip
+            return _Result.SUCCESS
+
+    _provider = _TracerProvider()
+    _provider.add_span_processor(_Simple(_JsonLines()))
+    _trace.set_tracer_provider(_provider)
