@@ -5,8 +5,10 @@
 Each pair drains the same number of queued no-op jobs (``bench.core``'s queue and handler) with
 one ``runworker`` process twice: once plain, once with ``--mode`` on in the worker
 (``metrics``: ``JOBQ["METRICS"]["ENABLED"]``: the worker counts every claim and verdict;
-``tracing``: an OpenTelemetry SDK tracer provider with a no-op exporter, so every attempt makes
-and ends a span). The order inside a pair alternates.
+``tracing``: an OpenTelemetry SDK tracer provider sampling every trace, with a batch processor
+and an exporter that drops the spans, so every enqueue and attempt makes a span and every job
+carries its context; ``tracing-sampled``: the same sampling 1 % of traces, the usual set-up in
+production). The order inside a pair alternates.
 
 Two figures per drain: the wall-clock rate (what ``bench.core`` reports), and the **worker's
 CPU time per job** (user + system, read from ``/proc/<pid>/stat`` between the first sample with
@@ -30,7 +32,9 @@ from pathlib import Path
 
 from bench.core import QUEUE, ROOT, delete_matching, log, redis_client, run_pattern, setup_django
 
-MODES = {"metrics": "JOBQ_BENCH_METRICS", "tracing": "JOBQ_BENCH_TRACING"}
+# mode -> (environment variable of bench/settings.py, its value when on)
+MODES = {"metrics": ("JOBQ_BENCH_METRICS", "1"), "tracing": ("JOBQ_BENCH_TRACING", "1"),
+         "tracing-sampled": ("JOBQ_BENCH_TRACING", "0.01")}  # fmt: skip
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -89,14 +93,14 @@ def main() -> None:
     args = parser.parse_args()
     prefix = f"jobqbench-{uuid.uuid4().hex[:10]}"
     setup_django(prefix)
-    env = MODES[args.mode]
+    env, value = MODES[args.mode]
     pairs = []
     try:
         with tempfile.TemporaryDirectory(prefix="jobq-bench-") as tmp:
             for i in range(args.pairs):
                 figures = {}
                 for on in (False, True) if i % 2 == 0 else (True, False):
-                    os.environ[env] = "1" if on else "0"
+                    os.environ[env] = value if on else "0"
                     result = drain(args.jobs, args.concurrency, f"{i}-{int(on)}", Path(tmp))
                     figures["on" if on else "off"] = result
                     log(f"pair {i} {args.mode} {'on' if on else 'off'}: {result}")

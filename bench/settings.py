@@ -36,10 +36,10 @@ JOBQ = {
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
-if os.environ.get("JOBQ_BENCH_TRACING") == "1":
-    # bench.observability --mode tracing: a real SDK provider whose batch processor hands spans
-    # to an exporter that drops them, so the figure is django_jobq's and the SDK's cost, not a
-    # collector's.
+if os.environ.get("JOBQ_BENCH_TRACING", "0") != "0":
+    # bench.observability --mode tracing[-sampled]: a real SDK provider (sampling every trace,
+    # or the given ratio of root traces) whose batch processor hands spans to an exporter that
+    # drops them, so the figure is django_jobq's and the SDK's cost, not a collector's.
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -48,6 +48,9 @@ if os.environ.get("JOBQ_BENCH_TRACING") == "1":
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
-    _provider = TracerProvider()
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    _ratio = float(os.environ["JOBQ_BENCH_TRACING"])
+    _provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(_ratio)))
     _provider.add_span_processor(BatchSpanProcessor(_Drop()))
     trace.set_tracer_provider(_provider)

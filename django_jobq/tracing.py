@@ -24,6 +24,8 @@ TRACE_META = "trace"  # key of the carrier in an envelope's meta
 
 _api: Any = None  # opentelemetry modules once imported; False when not installed
 _provider: Any = None  # a provider set by use_provider() (tests, or no global provider)
+# (provider, its tracer): get_tracer costs as much as a span, so it is asked once per provider.
+_tracer_cache: tuple[Any, Any] = (None, None)
 
 
 def _modules() -> Any:
@@ -42,8 +44,9 @@ def _modules() -> Any:
 def use_provider(provider: Any) -> None:
     """Trace with ``provider`` instead of OpenTelemetry's global one (None: the global one).
     For tests, and for projects that keep their tracer provider out of the global."""
-    global _provider
+    global _provider, _tracer_cache
     _provider = provider
+    _tracer_cache = (None, None)
 
 
 def _tracer_provider() -> Any | None:
@@ -60,14 +63,21 @@ def active() -> bool:
 
 
 def _tracer() -> Any:
-    return _tracer_provider().get_tracer(SCOPE)  # type: ignore[union-attr]
+    global _tracer_cache
+    provider = _tracer_provider()
+    cached_for, tracer = _tracer_cache
+    if cached_for is not provider:
+        tracer = provider.get_tracer(SCOPE)  # type: ignore[union-attr]
+        _tracer_cache = (provider, tracer)
+    return tracer
 
 
 @contextmanager
 def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, str]]]:
     """A ``send <queue>`` PRODUCER span, current while the block runs; yields the span and the
-    carrier to put in the jobs' envelopes (empty when the span context is not valid, so an
-    unsampled enqueue does not envelope its jobs for nothing)."""
+    carrier to put in the jobs' envelopes. The carrier is empty unless the span is sampled:
+    an unsampled enqueue leaves its jobs plain (no envelope to write and decode), and their
+    attempts' spans are then sampled on their own, as roots."""
     trace, propagate = _modules()[0], _modules()[1]
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -81,7 +91,7 @@ def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, s
         f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes
     ) as span:
         carrier: dict[str, str] = {}
-        if span.get_span_context().is_valid:
+        if span.get_span_context().trace_flags.sampled:
             propagate.inject(carrier)
         yield span, carrier
 
@@ -93,21 +103,24 @@ def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
     trace, propagate = _modules()[0], _modules()[1]
     carrier = meta.get(TRACE_META)
     parent = propagate.extract(carrier) if isinstance(carrier, dict) else None
-    return _tracer().start_span(
+    # Samplers see the attributes that matter for a decision; the rest is set only on a
+    # recording span, so an unsampled attempt costs the sampling decision and little else.
+    span = _tracer().start_span(
         f"process {queue}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": SYSTEM,
+        attributes={"messaging.system": SYSTEM, "messaging.destination.name": queue},
+    )
+    if span.is_recording():
+        span.set_attributes({
             "messaging.operation.type": "process",
             "messaging.operation.name": "process",
-            "messaging.destination.name": queue,
             "messaging.message.id": job_id,
             "messaging.consumer.group.name": queue,
             "jobq.attempt": attempt,
             "jobq.worker_id": worker_id,
-        },
-    )
+        })  # fmt: skip
+    return span
 
 
 @contextmanager
@@ -124,6 +137,9 @@ def current(span: Any) -> Iterator[None]:
 def end_consumer(span: Any, outcome: str, error: dict[str, Any] | None) -> None:
     """End an attempt's span with its outcome; a failed attempt records its error as an
     ``exception`` event and an ERROR status."""
+    if not span.is_recording():
+        span.end()
+        return
     trace = _modules()[0]
     span.set_attribute("jobq.outcome", outcome)
     if error is not None and outcome in ("failed", "retrying"):
