@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from .job import (
     DedupMode,
     EnqueueOutcome,
     EnqueueResult,
+    Event,
     JobOptions,
     JobRecord,
     JobResult,
@@ -751,6 +752,55 @@ class Queue:
 
     def counts(self) -> dict[JobState, int]:
         return self.storage.counts(self.name)
+
+    def events(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> Iterator[Event]:
+        """This queue's job transitions in order, after event id ``since`` ("0": the oldest
+        kept). Each ``Event`` has ``id``, ``job_id``, ``kind`` (the state entered, or
+        ``progress`` / ``log``), ``at`` (epoch ms) and ``worker``. ``kinds`` keeps only those
+        kinds. Without ``follow`` the iterator ends once caught up; with it, it waits (``wait``
+        seconds at a time) for new events until the caller stops iterating. Resume after a
+        restart by passing the last handled event's ``id`` as ``since``. See
+        docs/observability.md."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.iterate(self.storage, self.name, *args[:2], **args[2])
+
+    def aevents(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> AsyncIterator[Event]:
+        """``events`` as an async iterator (``async for``): storage reads run in a thread."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.aiterate(self.storage, self.name, *args[:2], **args[2])
+
+    @staticmethod
+    def _feed_args(
+        since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """Checked before the iterator starts, so a bad argument fails at the call."""
+        from .events import validate_kinds, validate_since
+
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait <= 60:
+            raise InvalidOption(f"wait must be a number of seconds in (0, 60], got {wait!r}")
+        options = {"follow": _flag("follow", follow), "wait": float(wait),
+                   "batch": validate_positive_int("batch", batch)}  # fmt: skip
+        return validate_since(since), validate_kinds(kinds), options
 
     def publish_celery(
         self,
