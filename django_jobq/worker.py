@@ -21,12 +21,13 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from . import flows, signals, tracing
+from . import flows, logjson, signals, tracing
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
@@ -404,10 +405,10 @@ class Worker:
                 entry = self._start(item)
                 if entry is not None:
                     timer = self._soft_timeout(item, [entry.job])
-                    if entry.span is None:
+                    if entry.span is None and not logjson.ENABLED:
                         ack = runner.run(slot, item, entry.job)
-                    else:  # the handler's own spans nest under the attempt's
-                        with tracing.current(entry.span):
+                    else:
+                        with self._job_context(entry):
                             ack = runner.run(slot, item, entry.job)
                     self._finished(entry, ack, timer=timer)
                 continue
@@ -418,6 +419,20 @@ class Worker:
             acks = runner.run_batch(slot, [e.claimed for e in live], [e.job for e in live])
             for i, (entry, ack) in enumerate(zip(live, acks, strict=True)):
                 self._finished(entry, ack, timer=timer if i == 0 else None)
+
+    @contextmanager
+    def _job_context(self, entry: _InFlight) -> Iterator[None]:
+        """While a thread-pool handler runs: its attempt's span is the current one (the
+        handler's own spans nest under it) and JSON log lines name the job."""
+        with ExitStack() as stack:
+            if entry.span is not None:
+                stack.enter_context(tracing.current(entry.span))
+            if logjson.ENABLED:
+                c = entry.claimed
+                stack.enter_context(
+                    logjson.job_context(c.queue, c.job_id, c.attempt, self.worker_id)
+                )
+            yield
 
     def _finished(self, entry: _InFlight, ack: Ack, *, timer: int | None = None) -> None:
         """A handler returned (on any pool): send its verdict. A verdict of a job that shutdown

@@ -69,6 +69,13 @@ class Command(BaseCommand):
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
         )
         parser.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default="text",
+            help="json: one JSON object per log line, with job id, queue, attempt, worker and "
+            "trace id on lines about a job (when the project's LOGGING sets no handler)",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=int,
             metavar="PORT",
@@ -97,7 +104,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        configure(options["verbosity"])
+        configure(options["verbosity"], options["log_format"])
         if options["check"]:
             self.check()
         queues = options["queues"] or registry.queues()
