@@ -680,6 +680,7 @@ class Worker:
             unstarted = [self._inflight.pop(key) for key in waiting]
         for entry in unstarted:
             self._release(entry.claimed)
+            self._handed_back(entry)
         with self._cond:
             if self._inflight:
                 logger.info("waiting up to %.1fs for %d jobs", self.grace, len(self._inflight))
@@ -693,6 +694,7 @@ class Worker:
         for entry in leftovers:
             entry.job.cancel_event.set()
             self._release(entry.claimed)
+            self._handed_back(entry)
         for _ in range(self.concurrency):
             self._work.put(None)
         self._acks.put(None)
@@ -708,6 +710,17 @@ class Worker:
         except Exception as exc:
             logger.warning("could not deregister worker %s: %s", self.worker_id, exc)
         logger.info("worker %s stopped: %s", self.worker_id, self.stats)
+
+    def _handed_back(self, entry: _InFlight) -> None:
+        """A job released at shutdown ends its attempt too: its span and ``job_finished``."""
+        if entry.span is not None:
+            tracing.end_consumer(entry.span, str(AckOutcome.RELEASED), None)
+        if signals.job_finished.receivers:
+            c = entry.claimed
+            signals.send(signals.job_finished, Worker, queue=c.queue, job_id=c.job_id,
+                         attempt=c.attempt, worker_id=self.worker_id,
+                         outcome=str(AckOutcome.RELEASED),
+                         duration=time.monotonic() - entry.since, error=None)  # fmt: skip
 
     def _release(self, claimed: ClaimedJob) -> None:
         try:

@@ -159,3 +159,23 @@ def test_a_receiver_that_raises_changes_nothing(q, worker, recorder):
     finally:
         signals.job_finished.disconnect(dispatch_uid="broken")
         signals.job_enqueued.disconnect(dispatch_uid="broken")
+
+
+def test_a_job_handed_back_at_shutdown_finishes_released(live_storage, recorder):
+    registry = HandlerRegistry()
+    running = threading.Event()
+
+    def cooperative(job):
+        running.set()
+        job.cancel_event.wait(20)  # until shutdown asks it to stop
+
+    registry.register("sig", cooperative)
+    w = Worker(["sig"], storage=live_storage, handlers=registry, lease=5000, grace=0,
+               worker_id="sig-stopper")  # fmt: skip
+    w.start()
+    Queue("sig", storage=live_storage).enqueue("held", {})
+    assert running.wait(20)
+    w.stop(hurry=True)
+    assert w.stopped.wait(20)
+    finished = recorder.of("job_finished", "held")
+    assert [(k["outcome"], k["worker_id"]) for k in finished] == [("released", "sig-stopper")]
