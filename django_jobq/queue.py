@@ -7,13 +7,13 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import envelope
+from . import envelope, signals, tracing
 from .conf import (
     OPTION_NAMES,
     get_storage,
@@ -39,6 +39,7 @@ from .job import (
     DedupMode,
     EnqueueOutcome,
     EnqueueResult,
+    Event,
     JobOptions,
     JobRecord,
     JobResult,
@@ -316,14 +317,23 @@ class Queue:
 
         See docs/scheduling.md for the exact rules.
         """
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                return self.submit(job)
         return self.submit(self.build(job_id, payload, **options))
 
     def submit(self, job: NewJob) -> EnqueueResult:
         """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
         if self.journaled:
-            return self._public(self._journal([job])[0])
-        self._register()
-        return self._public(self.storage.enqueue(self.name, job))
+            stored = self._journal([job])[0]
+        else:
+            self._register()
+            stored = self.storage.enqueue(self.name, job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
+        return self._public(stored)
 
     @property
     def journaled(self) -> bool:
@@ -369,7 +379,9 @@ class Queue:
 
         def send() -> None:
             self._register()
-            self.storage.enqueue(self.name, job)
+            stored = self.storage.enqueue(self.name, job)
+            if signals.job_enqueued.receivers:
+                signals.enqueued(Queue, self.name, [stored])
 
         transaction.on_commit(send, using=using)
         return job.job_id
@@ -380,20 +392,33 @@ class Queue:
         """Enqueue many jobs in pipelined batches; each item is ``(job_id, payload)`` or a dict
         with ``id``, ``payload`` and options. Every item is validated before anything is sent,
         so one bad item refuses the whole call and writes nothing."""
+        if tracing.active():
+            items = list(jobs)
+            with tracing.producer_span(self.name, len(items)) as (_, carrier):
+                return self._enqueue_many(items, carrier)
+        return self._enqueue_many(jobs, {})
+
+    def _enqueue_many(
+        self, jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]], trace: dict[str, str]
+    ) -> list[EnqueueResult]:
         built = []
         for item in jobs:
             if isinstance(item, Mapping):
-                spec = dict(item)
+                spec = _with_trace(dict(item), trace)
                 built.append(self.build(spec.pop("id", None), spec.pop("payload", None), **spec))
             else:
                 job_id, payload = item
-                built.append(self.build(job_id, payload))
+                built.append(self.build(job_id, payload, **_with_trace({}, trace)))
         if not built:
             return []
         if self.journaled:
-            return [self._public(s) for s in self._journal(built)]
-        self._register()
-        return [self._public(s) for s in self.storage.enqueue_many(self.name, built)]
+            stored = self._journal(built)
+        else:
+            self._register()
+            stored = self.storage.enqueue_many(self.name, built)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, stored)
+        return [self._public(s) for s in stored]
 
     def enqueue_and_wait(
         self, job_id: str | None = None, payload: Any = None, *, timeout: float, **options: Any
@@ -413,12 +438,16 @@ class Queue:
             # A blocked successor has no outcome until an unrelated run finishes; a caller
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.
             raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
-        job = self.build(job_id, payload, waiter=True, **options)
-        if self.journaled:
-            stored = self._journal_and_send(job)
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, waiter=True, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                stored = self._store_waited(job)
         else:
-            self._register()
-            stored = self.storage.enqueue(self.name, job)
+            job = self.build(job_id, payload, waiter=True, **options)
+            stored = self._store_waited(job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
         if stored.state is JobState.COMPLETED:
             return self.serde_loads(stored.result)
         if stored.state in (JobState.FAILED, JobState.CANCELLED):
@@ -429,6 +458,12 @@ class Queue:
         if outcome.state is JobState.COMPLETED:
             return self.serde_loads(outcome.result)
         raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    def _store_waited(self, job: NewJob) -> StoredEnqueue:
+        if self.journaled:
+            return self._journal_and_send(job)
+        self._register()
+        return self.storage.enqueue(self.name, job)
 
     def _journal_and_send(self, job: NewJob) -> StoredEnqueue:
         """enqueue_and_wait in journal mode: the wait needs the job in Redis now, so inside a
@@ -457,7 +492,11 @@ class Queue:
         cannot kill a thread, so there it stays cooperative); the attempt then ends
         ``cancelled`` whatever the handler returns. Otherwise why not: ``not_found``,
         ``completed``, ``failed``."""
-        return self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        outcome = self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        if outcome is CancelOutcome.CANCELLED and signals.job_cancelled.receivers:
+            signals.send(signals.job_cancelled, Queue, queue=self.name, job_id=job_id,
+                         worker_id=None)  # fmt: skip
+        return outcome
 
     def change_run_at(
         self,
@@ -770,6 +809,55 @@ class Queue:
     def counts(self) -> dict[JobState, int]:
         return self.storage.counts(self.name)
 
+    def events(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> Iterator[Event]:
+        """This queue's job transitions in order, after event id ``since`` ("0": the oldest
+        kept). Each ``Event`` has ``id``, ``job_id``, ``kind`` (the state entered, or
+        ``progress`` / ``log``), ``at`` (epoch ms) and ``worker``. ``kinds`` keeps only those
+        kinds. Without ``follow`` the iterator ends once caught up; with it, it waits (``wait``
+        seconds at a time) for new events until the caller stops iterating. Resume after a
+        restart by passing the last handled event's ``id`` as ``since``. See
+        docs/observability.md."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.iterate(self.storage, self.name, *args[:2], **args[2])
+
+    def aevents(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> AsyncIterator[Event]:
+        """``events`` as an async iterator (``async for``): storage reads run in a thread."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.aiterate(self.storage, self.name, *args[:2], **args[2])
+
+    @staticmethod
+    def _feed_args(
+        since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """Checked before the iterator starts, so a bad argument fails at the call."""
+        from .events import validate_kinds, validate_since
+
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait <= 60:
+            raise InvalidOption(f"wait must be a number of seconds in (0, 60], got {wait!r}")
+        options = {"follow": _flag("follow", follow), "wait": float(wait),
+                   "batch": validate_positive_int("batch", batch)}  # fmt: skip
+        return validate_since(since), validate_kinds(kinds), options
+
     def publish_celery(
         self,
         task_name: str,
@@ -806,6 +894,14 @@ _EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _with_trace(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+    """``options`` with the trace context added to the job's envelope meta (when there is
+    one: an empty carrier leaves the job plain)."""
+    if not carrier:
+        return options
+    return {**options, "meta": {**(options.get("meta") or {}), tracing.TRACE_META: carrier}}
 
 
 def _window(value: int | dt.timedelta | None) -> int | None:

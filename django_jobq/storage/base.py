@@ -439,6 +439,13 @@ class Storage(abc.ABC):
         """Jobs per live state (scheduled, queued, active, retrying, blocked: the number of
         singleton successors) and finished totals (completed, failed)."""
 
+    def oldest_queued(self, queue: str) -> int | None:
+        """Epoch ms since when the job first in line has been runnable (the later of its
+        creation and its due time), or None when nothing is queued: a queue's latency, read at
+        metrics scrape time. FIFO queues: the oldest queued job. Backends answer with an
+        indexed read; the default (unknown) is None."""
+        return None
+
     @abc.abstractmethod
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None

@@ -1507,6 +1507,16 @@ class DatabaseStorage(Storage):
                 out[state] = row["n"]
         return out
 
+    def oldest_queued(self, queue: str) -> int | None:
+        """The oldest queued row by creation (index ``jobq_job_q_state_created``)."""
+        row = (
+            self._jobs().filter(queue=queue, state=JobState.QUEUED).order_by("created_at")
+            .values_list("created_at", "run_at").first()
+        )  # fmt: skip
+        if row is None:
+            return None
+        return max(_ms(row[0]), _ms_or_none(row[1]) or 0)
+
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:

@@ -849,6 +849,12 @@ class MemoryStorage(Storage):
             out[JobState.FAILED] = q.finished["failed"]
             return out
 
+    def oldest_queued(self, queue: str) -> int | None:
+        with self._cond:
+            since = [max(r.created_at, r.run_at or 0) for r in self._peek(queue).jobs.values()
+                     if r.state is JobState.QUEUED]  # fmt: skip
+        return min(since, default=None)
+
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:

@@ -69,6 +69,27 @@ class Command(BaseCommand):
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
         )
         parser.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default="text",
+            help="json: one JSON object per log line, with job id, queue, attempt, worker and "
+            "trace id on lines about a job (when the project's LOGGING sets no handler)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve this worker's Prometheus metrics on PORT (0: any free port, logged); "
+            "needs the 'metrics' extra; one port per worker process",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 to be scraped "
+            "from other hosts)",
+        )
+        parser.add_argument(
             "--from-kombu",
             metavar="BROKER_URL",
             help="also bridge Celery task messages from this kombu broker into django_jobq "
@@ -83,7 +104,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        configure(options["verbosity"])
+        configure(options["verbosity"], options["log_format"])
         if options["check"]:
             self.check()
         queues = options["queues"] or registry.queues()
@@ -107,6 +128,14 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
         bridge = self._bridge(options, worker)
+        metrics_server = None
+        if options["metrics_port"] is not None:
+            from ...metrics.server import serve
+
+            try:
+                metrics_server = serve(worker, options["metrics_port"], options["metrics_addr"])
+            except (JobQError, OSError) as exc:
+                raise CommandError(f"metrics endpoint: {exc}") from exc
 
         def on_signal(signum, frame):
             # First signal: graceful (finish in-flight within grace). Second: hurry. The bridge
@@ -129,6 +158,8 @@ class Command(BaseCommand):
             if bridge is not None and thread is not None:
                 bridge.stop()
                 thread.join(10)
+            if metrics_server is not None:
+                metrics_server.shutdown()
 
     def _bridge(self, options, worker: Worker) -> KombuBridge | None:
         conf = jobq_settings()["CELERY"]

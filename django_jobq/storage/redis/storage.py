@@ -797,6 +797,17 @@ class RedisStorage(Storage):
             JobState.FAILED: _i(failed),
         }
 
+    def oldest_queued(self, queue: str) -> int | None:
+        """The head of the queued ZSET (the next claim's first job): two O(log n) reads."""
+        k = self.keys(queue)
+        head = self.client.zrange(k.queued, 0, 0)
+        if not head:
+            return None
+        created, run_at = self.client.hmget(k.job(_s(head[0])), "created", "run_at")
+        if created is None:  # claimed or expired between the two reads
+            return None
+        return max(_i(created), _opt_i(run_at) or 0)
+
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
