@@ -16,6 +16,7 @@ from django.utils.module_loading import import_string
 from .errors import ConfigurationError, JobQError
 from .job import JobOptions
 from .validation import (
+    is_seconds,
     validate_positive_int,
     validate_positive_ms,
     validate_priority,
@@ -233,7 +234,7 @@ def check_settings() -> list[str]:
         problems.append(f"JOBQ['SERDE'] {conf['SERDE']!r}: use 'json' or 'msgpack'")
     days = conf["RETENTION_DAYS"]
     if days is not None and (
-        isinstance(days, bool) or not isinstance(days, int | float) or days <= 0
+        not is_seconds(days) or days <= 0  # finite: a number of days
     ):
         problems.append(f"JOBQ['RETENTION_DAYS'] must be a positive number or None, got {days!r}")
     mirror_alias = conf["MIRROR"]["DATABASE_ALIAS"]
@@ -273,7 +274,7 @@ def _check_journal(conf: dict[str, Any]) -> list[str]:
         value = journal[key]
         if value is None and allow_none:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_seconds(value) or value < 0:
             problems.append(
                 f"JOBQ['JOURNAL']['{key}'] must be a number of seconds >= 0, got {value!r}"
             )

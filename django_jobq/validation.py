@@ -7,7 +7,9 @@ characters) and anything with two Unicode spellings (only ASCII is allowed).
 
 from __future__ import annotations
 
+import math
 import re
+from typing import TypeGuard
 
 from .errors import InvalidJobId, InvalidOption, InvalidQueueName
 
@@ -47,6 +49,22 @@ def validate_positive_ms(name: str, value: object, *, allow_zero: bool = False) 
     if not low <= value <= MAX_DURATION_MS:
         raise InvalidOption(f"{name} must be between {low} and {MAX_DURATION_MS} ms, got {value}")
     return value
+
+
+def is_seconds(value: object) -> TypeGuard[float]:
+    """A finite real number (not a bool): what every option in seconds must be. NaN passes
+    ``value > 0``-style range checks and infinity passes lower bounds, so both are tested
+    here, once, instead of trusting each comparison."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_seconds(name: str, value: object, *, maximum: float | None = None) -> float:
+    """A positive, finite number of seconds (at most ``maximum`` when given)."""
+    if not is_seconds(value) or value <= 0:
+        raise InvalidOption(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidOption(f"{name} must be at most {maximum} seconds, got {value!r}")
+    return float(value)
 
 
 def validate_positive_int(name: str, value: object, *, minimum: int = 1) -> int:
