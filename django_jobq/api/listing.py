@@ -12,6 +12,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..conf import get_storage
 from ..models import Job
 from ..schedules import schedules_alias
@@ -60,7 +61,7 @@ def filtered(request: Request, params: dict) -> QuerySet:
 
 
 class JobListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(
         operation_id="job_list",

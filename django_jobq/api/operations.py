@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .. import permissions as ops
 from ..conf import get_storage, jobq_settings
 from ..job import ms_to_datetime
 from ..models import Job, JobEvent, Schedule
@@ -28,7 +29,7 @@ from ..storage.base import Storage, WorkerRecord
 from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias
-from .permissions import allowed_queues, may_see_queue
+from .permissions import allowed_queues, may_read, may_see_queue
 from .queues import known_queues
 from .serializers import (
     EnqueueResultSerializer,
@@ -51,7 +52,7 @@ def worker_body(rec: WorkerRecord) -> dict[str, Any]:
 
 
 class WorkerListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="worker_list", responses={200: WorkerSerializer(many=True),
                                                           **ERRORS})  # fmt: skip
@@ -66,7 +67,7 @@ class WorkerListView(JobQView):
 
 
 class ScheduleListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.SCHEDULE_READ
 
     @extend_schema(operation_id="schedule_list", responses={200: ScheduleSerializer(many=True),
                                                             **ERRORS})  # fmt: skip
@@ -79,7 +80,7 @@ class ScheduleListView(JobQView):
 
 
 class ScheduleRunView(JobQView):
-    jobq_action = "manage"
+    jobq_operation = ops.SCHEDULE_CHANGE
 
     @extend_schema(operation_id="schedule_run", request=None,
                    responses={200: EnqueueResultSerializer, 404: None, **ERRORS})  # fmt: skip
@@ -91,7 +92,7 @@ class ScheduleRunView(JobQView):
         if schedule is None or not may_see_queue(request, schedule.queue):
             raise NotFound(f"no schedule {name!r}")
         result = fire_now(schedule, storage=get_storage())
-        return Response(enqueue_body(get_queue(schedule.queue), result))
+        return Response(enqueue_body(get_queue(schedule.queue), result, may_read=may_read(request)))
 
 
 # -- health -----------------------------------------------------------------------------------
@@ -199,10 +200,12 @@ def _edits(data: Any, *, partial: bool) -> dict[str, Any]:
 
 
 class ScheduleCreateView(ScheduleListView):
-    jobq_action = "read"
+    jobq_operation = ops.SCHEDULE_READ
 
     def get_permissions(self) -> list:
-        self.jobq_action = "manage" if self.request.method == "POST" else "read"
+        self.jobq_operation = (
+            ops.SCHEDULE_ADD if self.request.method == "POST" else ops.SCHEDULE_READ
+        )
         return super().get_permissions()
 
     @extend_schema(operation_id="schedule_create", request=ScheduleWriteSerializer,
@@ -226,7 +229,9 @@ class ScheduleCreateView(ScheduleListView):
 
 class ScheduleDetailView(JobQView):
     def get_permissions(self) -> list:
-        self.jobq_action = "read" if self.request.method == "GET" else "manage"
+        self.jobq_operation = {"GET": ops.SCHEDULE_READ, "DELETE": ops.SCHEDULE_DELETE}.get(
+            self.request.method or "", ops.SCHEDULE_CHANGE
+        )
         return super().get_permissions()
 
     def _schedule(self, request: Request, name: str) -> Schedule:
