@@ -15,8 +15,10 @@ from .errors import InvalidJobId, InvalidOption, InvalidQueueName
 
 JOB_ID_MAX_LENGTH = 128
 QUEUE_NAME_MAX_LENGTH = 64
-_JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-_QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+JOB_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
+QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+_QUEUE_RE = re.compile(QUEUE_NAME_PATTERN)
 # Upper bound of any millisecond duration option: ten years. Bounds keep scores exact in doubles.
 MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
 # Priority * 2**42 + sequence must stay exact in a double (Redis scores, Lua numbers).

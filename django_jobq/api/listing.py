@@ -17,8 +17,8 @@ from ..conf import get_storage
 from ..models import Job
 from ..schedules import schedules_alias
 from ..states import JobState
+from ..validation import QUEUE_NAME_PATTERN
 from .base import JobQView
-from .converters import QueueNameConverter
 from .jobs import ERRORS
 from .pagination import page
 from .permissions import allowed_queues
@@ -31,7 +31,7 @@ def rows_alias() -> str:
 
 
 class JobFilterSerializer(serializers.Serializer):
-    queue = serializers.RegexField(rf"^{QueueNameConverter.regex}\Z", required=False)
+    queue = serializers.RegexField(rf"^{QUEUE_NAME_PATTERN}\Z", required=False)
     state = serializers.ChoiceField(choices=JobState.choices, required=False)
     handler = serializers.CharField(required=False, max_length=200)
     created_after = serializers.DateTimeField(required=False)
