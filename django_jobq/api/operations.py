@@ -10,7 +10,8 @@ from django.db.models import Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
@@ -79,18 +80,43 @@ class ScheduleListView(JobQView):
         return Response(ScheduleSerializer(schedules, many=True).data)
 
 
+SCHEDULE_QUEUE = OpenApiParameter(
+    "queue", OpenApiTypes.STR, OpenApiParameter.QUERY,
+    description="the schedule's queue: needed only when the credential sees schedules of this "
+    "name on several queues (names are unique per queue)",
+)  # fmt: skip
+
+
+def find_schedule(request: Request, name: str) -> Schedule:
+    """The schedule ``name`` among those this credential may see (``?queue=`` picks one when
+    several queues have one of that name). Schedules of other queues do not exist for it: a
+    key scoped to other queues gets 404, as its schedule list shows nothing."""
+    found = Schedule.objects.using(rows_alias()).filter(name=name)
+    queue = request.query_params.get("queue")
+    if queue is not None:
+        found = found.filter(queue=queue)
+    allowed = allowed_queues(request)
+    if allowed is not None:
+        found = found.filter(queue__in=sorted(allowed))
+    schedules = list(found[:2])
+    if not schedules:
+        raise NotFound(f"no schedule {name!r}")
+    if len(schedules) > 1:
+        raise serializers.ValidationError(
+            {"queue": [f"schedules named {name!r} exist on several queues: give ?queue="]}
+        )
+    return schedules[0]
+
+
 class ScheduleRunView(JobQView):
     jobq_operation = ops.SCHEDULE_CHANGE
 
-    @extend_schema(operation_id="schedule_run", request=None,
+    @extend_schema(operation_id="schedule_run", request=None, parameters=[SCHEDULE_QUEUE],
                    responses={200: EnqueueResultSerializer, 404: None, **ERRORS})  # fmt: skip
     def post(self, request: Request, name: str) -> Response:
         """Enqueue one extra run of a schedule now (``schedule.<name>.manual-<ms>``); its
         regular ticks are not affected. The credential needs ``manage`` on its queue."""
-        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
-        # A key scoped to other queues is told nothing, as its schedule list shows nothing.
-        if schedule is None or not may_see_queue(request, schedule.queue):
-            raise NotFound(f"no schedule {name!r}")
+        schedule = find_schedule(request, name)
         result = fire_now(schedule, storage=get_storage())
         return Response(enqueue_body(get_queue(schedule.queue), result, may_read=may_read(request)))
 
@@ -220,8 +246,11 @@ class ScheduleCreateView(ScheduleListView):
         if not may_see_queue(request, fields["queue"]):
             raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
         schedules = Schedule.objects.using(rows_alias())
-        if schedules.filter(name=name).exists():
-            raise Conflict(f"a schedule named {name!r} exists", "exists")
+        # Names are unique per queue, and the credential may see this queue: a schedule of the
+        # same name on a queue it cannot see is neither a conflict nor revealed.
+        if schedules.filter(name=name, queue=fields["queue"]).exists():
+            raise Conflict(f"a schedule named {name!r} exists on queue {fields['queue']!r}",
+                           "exists")  # fmt: skip
         schedule = _validated(Schedule(name=name, **fields))
         schedule.save(using=rows_alias())
         return Response(ScheduleSerializer(schedule).data, status=201)
@@ -235,17 +264,15 @@ class ScheduleDetailView(JobQView):
         return super().get_permissions()
 
     def _schedule(self, request: Request, name: str) -> Schedule:
-        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
-        if schedule is None or not may_see_queue(request, schedule.queue):
-            raise NotFound(f"no schedule {name!r}")
-        return schedule
+        return find_schedule(request, name)
 
-    @extend_schema(operation_id="schedule_get",
+    @extend_schema(operation_id="schedule_get", parameters=[SCHEDULE_QUEUE],
                    responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
     def get(self, request: Request, name: str) -> Response:
         return Response(ScheduleSerializer(self._schedule(request, name)).data)
 
     @extend_schema(operation_id="schedule_update", request=ScheduleWriteSerializer,
+                   parameters=[SCHEDULE_QUEUE],
                    responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
     def patch(self, request: Request, name: str) -> Response:
         """Change some fields; a new cron, interval or time zone recomputes the next run."""
@@ -253,6 +280,10 @@ class ScheduleDetailView(JobQView):
         fields = _edits(request.data, partial=True)
         if "queue" in fields and not may_see_queue(request, fields["queue"]):
             raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
+        moved_to = fields.get("queue", schedule.queue)
+        others = Schedule.objects.using(rows_alias()).exclude(pk=schedule.pk)
+        if others.filter(name=name, queue=moved_to).exists():
+            raise Conflict(f"a schedule named {name!r} exists on queue {moved_to!r}", "exists")
         for field, value in fields.items():
             setattr(schedule, field, value)
         if "cron" in fields and fields["cron"]:
@@ -262,7 +293,7 @@ class ScheduleDetailView(JobQView):
         _validated(schedule).save(using=rows_alias())
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(operation_id="schedule_delete", request=None,
+    @extend_schema(operation_id="schedule_delete", request=None, parameters=[SCHEDULE_QUEUE],
                    responses={204: None, 404: None, **ERRORS})  # fmt: skip
     def delete(self, request: Request, name: str) -> Response:
         """Delete a schedule; jobs it already enqueued are not touched."""

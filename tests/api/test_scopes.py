@@ -156,3 +156,39 @@ def test_a_malformed_name_in_the_path_is_a_json_404(api, method, path):
     assert response.status_code == 404
     assert response["Content-Type"].startswith("application/json")
     assert set(response.json()) == {"detail"}
+
+
+# -- schedule names ------------------------------------------------------------------------------
+
+NIGHTLY = {"name": "nightly", "interval": 3600, "payload": {"n": 1}}
+
+
+def test_a_schedule_name_on_a_queue_the_key_cannot_see_is_not_revealed(api_backend, client_for):
+    """Names are unique per queue: the name taken on api-b is free on api-a, so a key of api-a
+    creates its own schedule exactly as if the other did not exist, and sees only its own."""
+    everything, only_a = client_for(), client_for(queues=["api-a"])
+    assert everything.post("/jobq/schedules/", {**NIGHTLY, "queue": "api-b"},
+                           format="json").status_code == 201  # fmt: skip
+    created = only_a.post("/jobq/schedules/", {**NIGHTLY, "queue": "api-a"}, format="json")
+    assert created.status_code == 201, created.json()
+    assert only_a.get("/jobq/schedules/nightly/").json()["queue"] == "api-a"
+    assert [s["queue"] for s in only_a.get("/jobq/schedules/").json()] == ["api-a"]
+    again = only_a.post("/jobq/schedules/", {**NIGHTLY, "queue": "api-a"}, format="json")
+    assert again.status_code == 409  # its own queue: a real conflict, nothing hidden
+
+
+def test_a_credential_seeing_one_name_on_two_queues_picks_with_the_queue_parameter(
+    api_backend, client_for
+):
+    api = client_for()
+    for queue in ("api-a", "api-b"):
+        api.post("/jobq/schedules/", {**NIGHTLY, "queue": queue}, format="json")
+    ambiguous = api.get("/jobq/schedules/nightly/")
+    assert ambiguous.status_code == 400 and "queue" in ambiguous.json()
+    assert api.get("/jobq/schedules/nightly/?queue=api-b").json()["queue"] == "api-b"
+    ran = api.post("/jobq/schedules/nightly/run/?queue=api-a")
+    assert ran.status_code == 200 and ran.json()["queue"] == "api-a"
+    moved = api.patch("/jobq/schedules/nightly/?queue=api-a", {"queue": "api-b"}, format="json")
+    assert moved.status_code == 409
+    assert api.delete("/jobq/schedules/nightly/?queue=api-b").status_code == 204
+    assert api.get("/jobq/schedules/nightly/").json()["queue"] == "api-a"
