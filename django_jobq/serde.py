@@ -73,8 +73,11 @@ class MsgpackSerde:
         except (TypeError, ValueError) as exc:  # msgpack's own depth limit is a ValueError
             raise InvalidPayload(f"value is not msgpack-serialisable: {exc}") from exc
         # msgpack encodes any double; the same rule as JSON keeps a job readable as JSON
-        # (API, admin, mirror). packb succeeded, so the depth is within msgpack's limit.
-        if not _finite(value):
+        # (API, admin, mirror). A non-finite double is packed as 0xcb then an exponent of all
+        # ones (0x7f/0xff, 0xf_): bytes without 0xcb 0x7f / 0xcb 0xff hold none, and cost
+        # two scans in C; otherwise (maybe just binary data) the value is walked. packb
+        # succeeded, so the depth is within msgpack's limit.
+        if (b"\xcb\x7f" in body or b"\xcb\xff" in body) and not _finite(value):
             raise InvalidPayload("value holds a NaN or infinite float (not storable as JSON)")
         return body
 
