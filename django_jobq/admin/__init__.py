@@ -7,14 +7,23 @@ the pages only read rows and live storage figures. See docs/admin.md.
 from django.contrib import admin
 
 from ..api import admin as api_admin  # noqa: F401 - registers the ApiKey admin (no DRF needed)
-from ..models import Job, QueueConfig, WorkerInfo
+from ..models import Job, MirrorReject, QueueConfig, WorkerInfo
 from .jobs import JobAdmin
 from .queues import QueueAdmin
+from .rejects import MirrorRejectAdmin
 from .schedules import ScheduleAdmin, ScheduleForm
 from .workers import WorkerAdmin
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(QueueConfig, QueueAdmin)
 admin.site.register(WorkerInfo, WorkerAdmin)
+admin.site.register(MirrorReject, MirrorRejectAdmin)
 
-__all__ = ["JobAdmin", "QueueAdmin", "ScheduleAdmin", "ScheduleForm", "WorkerAdmin"]
+__all__ = [
+    "JobAdmin",
+    "MirrorRejectAdmin",
+    "QueueAdmin",
+    "ScheduleAdmin",
+    "ScheduleForm",
+    "WorkerAdmin",
+]

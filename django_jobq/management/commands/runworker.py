@@ -1,15 +1,20 @@
+from __future__ import annotations
+
 import argparse
 import signal
+from typing import TYPE_CHECKING
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...celery_compat import celery_settings
-from ...celery_compat.bridge import KombuBridge, bridge_thread
+from ...conf import jobq_settings
 from ...errors import JobQError
 from ...logutil import configure
 from ...pools import POOLS
 from ...registry import registry
 from ...worker import Worker
+
+if TYPE_CHECKING:
+    from ...celery_compat.bridge import KombuBridge
 
 
 def _min_max(text: str) -> tuple[int, int]:
@@ -24,6 +29,11 @@ def _min_max(text: str) -> tuple[int, int]:
 
 class Command(BaseCommand):
     help = "Run a django_jobq worker: claim jobs from the given queues and run their handlers."
+    # Django's system checks import the whole URLconf (admin, REST framework, ...): 0.4-0.6 s of
+    # a worker's start-up in a typical project, paid by every autoscaled or restarted worker
+    # before its first job. Deploys run `manage.py check` once; `--check` runs them here too.
+    # The worker's own configuration check (Worker.check) always runs.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="*", help="queues to serve (default: all handlers')")
@@ -50,6 +60,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
         parser.add_argument(
+            "--check",
+            action="store_true",
+            help="run Django's system checks before starting (off by default: they import the "
+            "URLconf and slow the start-up; run `manage.py check` at deploy instead)",
+        )
+        parser.add_argument(
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
         )
         parser.add_argument(
@@ -68,6 +84,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         configure(options["verbosity"])
+        if options["check"]:
+            self.check()
         queues = options["queues"] or registry.queues()
         if not queues:
             raise CommandError("no queues given and no handlers registered (jobs.py modules)")
@@ -100,7 +118,11 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        thread = bridge_thread(bridge) if bridge is not None else None
+        thread = None
+        if bridge is not None:
+            from ...celery_compat.bridge import bridge_thread
+
+            thread = bridge_thread(bridge)
         try:
             worker.run()
         finally:
@@ -109,11 +131,14 @@ class Command(BaseCommand):
                 thread.join(10)
 
     def _bridge(self, options, worker: Worker) -> KombuBridge | None:
-        conf = celery_settings()
+        conf = jobq_settings()["CELERY"]
         url = options["from_kombu"] or (conf["BROKER_URL"] if conf["CONSUME_QUEUES"] else None)
         if not url:
             if options["celery_queue"]:
                 raise CommandError("--celery-queue needs --from-kombu (or CELERY BROKER_URL)")
             return None
         queues = options["celery_queue"] or conf["CONSUME_QUEUES"] or ["celery"]
+        # kombu is imported only by workers that bridge: the others start without it.
+        from ...celery_compat.bridge import KombuBridge
+
         return KombuBridge(url, queues, storage=worker.storage)
