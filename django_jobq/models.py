@@ -468,3 +468,11 @@ class FailureCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id} failure call ({self.tries} tries)"
+
+
+from .broadcast_models import (  # noqa: E402, F401 - broadcast tables of this app
+    BroadcastDelivery,
+    BroadcastGroup,
+    BroadcastLog,
+    BroadcastMessage,
+)
