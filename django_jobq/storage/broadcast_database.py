@@ -49,8 +49,11 @@ class DatabaseBroadcasts(BroadcastStore):
         self.using = using
         self.clock = clock
         self.Log, self.Message, self.Group, self.Delivery = (
-            m.BroadcastLog, m.BroadcastMessage, m.BroadcastGroup, m.BroadcastDelivery,
-        )  # fmt: skip
+            m.BroadcastLog,
+            m.BroadcastMessage,
+            m.BroadcastGroup,
+            m.BroadcastDelivery,
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -80,7 +83,9 @@ class DatabaseBroadcasts(BroadcastStore):
 
     def _group(self, name: str, group: str, *, lock: bool = False) -> Any:
         rows = self._rows(self.Group)
-        row = (rows.select_for_update() if lock else rows).filter(broadcast=name, group=group).first()
+        row = (
+            (rows.select_for_update() if lock else rows).filter(broadcast=name, group=group).first()
+        )
         if row is None:
             raise LookupError(f"broadcast {name!r} has no group {group!r}")
         return row
@@ -102,14 +107,22 @@ class DatabaseBroadcasts(BroadcastStore):
             )
             for m in messages:
                 if m.message_id in held:
-                    out.append(Published(m.message_id, PublishOutcome.DUPLICATE,
-                                         str(held[m.message_id])))  # fmt: skip
+                    out.append(
+                        Published(m.message_id, PublishOutcome.DUPLICATE, str(held[m.message_id]))
+                    )
                     continue
                 log.last_seq += 1
                 held[m.message_id] = log.last_seq
-                new.append(self.Message(broadcast=name, seq=log.last_seq, message_id=m.message_id,
-                                        payload=m.payload, content_type=m.content_type,
-                                        published_at=now))  # fmt: skip
+                new.append(
+                    self.Message(
+                        broadcast=name,
+                        seq=log.last_seq,
+                        message_id=m.message_id,
+                        payload=m.payload,
+                        content_type=m.content_type,
+                        published_at=now,
+                    )
+                )
                 out.append(Published(m.message_id, PublishOutcome.PUBLISHED, str(log.last_seq)))
             self._rows(self.Message).bulk_create(new)
             log.save(update_fields=["last_seq"])
@@ -120,7 +133,9 @@ class DatabaseBroadcasts(BroadcastStore):
         rows = self._rows(self.Message).filter(broadcast=name)
         through = 0  # every message with seq <= through goes
         if retention.maxlen is not None:
-            cut = rows.order_by("-seq").values_list("seq", flat=True)[retention.maxlen : retention.maxlen + 1]
+            cut = rows.order_by("-seq").values_list("seq", flat=True)[
+                retention.maxlen : retention.maxlen + 1
+            ]
             through = max(through, next(iter(cut), 0))
         if retention.max_age is not None:
             old = rows.filter(published_at__lt=now - retention.max_age).order_by("-seq")
@@ -188,25 +203,46 @@ class DatabaseBroadcasts(BroadcastStore):
                     else:
                         taken.append(d)
             if len(taken) < count:
-                fresh = list(self._rows(self.Message).filter(broadcast=name, seq__gt=g.cursor)
-                             .order_by("seq")[: count - len(taken)])  # fmt: skip
+                fresh = list(
+                    self._rows(self.Message)
+                    .filter(broadcast=name, seq__gt=g.cursor)
+                    .order_by("seq")[: count - len(taken)]
+                )
                 if fresh:
-                    created = [self.Delivery(broadcast=name, group=group, seq=m.seq,
-                                             message_id=m.message_id) for m in fresh]  # fmt: skip
+                    created = [
+                        self.Delivery(
+                            broadcast=name, group=group, seq=m.seq, message_id=m.message_id
+                        )
+                        for m in fresh
+                    ]
                     taken += self._rows(self.Delivery).bulk_create(created)
                     g.cursor = fresh[-1].seq
                     g.save(update_fields=["cursor"])
             if not taken:
                 return []
-            messages = {m.seq: m for m in self._rows(self.Message).filter(
-                broadcast=name, seq__in=[d.seq for d in taken])}  # fmt: skip
+            messages = {
+                m.seq: m
+                for m in self._rows(self.Message).filter(
+                    broadcast=name, seq__in=[d.seq for d in taken]
+                )
+            }
             out = []
             for d in taken:
                 d.state, d.token, d.lease_until = "active", d.token + 1, now + lease_ms
                 m = messages[d.seq]
-                out.append(Delivery(name, group, str(d.seq), d.token, d.failures + 1,
-                                    d.message_id, bytes(m.payload), m.content_type,
-                                    m.published_at))  # fmt: skip
+                out.append(
+                    Delivery(
+                        name,
+                        group,
+                        str(d.seq),
+                        d.token,
+                        d.failures + 1,
+                        d.message_id,
+                        bytes(m.payload),
+                        m.content_type,
+                        m.published_at,
+                    )
+                )
             self._save_many(taken, ["state", "token", "lease_until", "stalls"])
             return out
 
@@ -258,9 +294,9 @@ class DatabaseBroadcasts(BroadcastStore):
             self._write_lock()
             until = self._now() + lease_ms
             for position, token in leases:
-                rows = self._rows(self.Delivery).filter(broadcast=name, group=group,
-                                                        seq=int(position), token=token,
-                                                        state="active")  # fmt: skip
+                rows = self._rows(self.Delivery).filter(
+                    broadcast=name, group=group, seq=int(position), token=token, state="active"
+                )
                 if not rows.update(lease_until=until):
                     lost.append(position)
         return lost
@@ -268,9 +304,9 @@ class DatabaseBroadcasts(BroadcastStore):
     def report(self, name: str, group: str, position: str, token: int, progress: bytes) -> bool:
         with self._atomic():
             self._write_lock()
-            rows = self._rows(self.Delivery).filter(broadcast=name, group=group,
-                                                    seq=int(position), token=token,
-                                                    state="active")  # fmt: skip
+            rows = self._rows(self.Delivery).filter(
+                broadcast=name, group=group, seq=int(position), token=token, state="active"
+            )
             return rows.update(progress=progress) > 0
 
     # -- inspection -------------------------------------------------------------------------
@@ -279,9 +315,12 @@ class DatabaseBroadcasts(BroadcastStore):
         g = self._group(name, group)
         d = self._deliveries(name, group).filter(message_id=message_id).first()
         if d is not None:
-            return DeliveryState(d.state, d.failures,
-                                 bytes(d.progress) if d.progress is not None else None,
-                                 bytes(d.error) or None)  # fmt: skip
+            return DeliveryState(
+                d.state,
+                d.failures,
+                bytes(d.progress) if d.progress is not None else None,
+                bytes(d.error) or None,
+            )
         m = self._rows(self.Message).filter(broadcast=name, message_id=message_id).first()
         if m is None:
             return DeliveryState("unknown")
@@ -293,17 +332,26 @@ class DatabaseBroadcasts(BroadcastStore):
             return []
         counts = {
             (r["group"], r["state"]): r["n"]
-            for r in self._rows(self.Delivery).filter(broadcast=name)
-            .values("group", "state").annotate(n=Count("id"))
-        }  # fmt: skip
+            for r in self._rows(self.Delivery)
+            .filter(broadcast=name)
+            .values("group", "state")
+            .annotate(n=Count("id"))
+        }
         messages = self._rows(self.Message).filter(broadcast=name)
         out = []
         for g in groups:
             lag = messages.filter(seq__gt=g.cursor).count()
-            out.append(GroupStatus(g.group, lag, counts.get((g.group, "active"), 0),
-                                   counts.get((g.group, "retrying"), 0),
-                                   counts.get((g.group, "dead"), 0), g.missed,
-                                   str(g.cursor) if g.cursor else ""))  # fmt: skip
+            out.append(
+                GroupStatus(
+                    g.group,
+                    lag,
+                    counts.get((g.group, "active"), 0),
+                    counts.get((g.group, "retrying"), 0),
+                    counts.get((g.group, "dead"), 0),
+                    g.missed,
+                    str(g.cursor) if g.cursor else "",
+                )
+            )
         return out
 
     def length(self, name: str) -> int:
@@ -311,15 +359,27 @@ class DatabaseBroadcasts(BroadcastStore):
 
     def names(self) -> list[str]:
         with_groups = set(self._rows(self.Group).values_list("broadcast", flat=True))
-        with_messages = set(self._rows(self.Log).filter(last_seq__gt=0).values_list("name", flat=True))
+        with_messages = set(
+            self._rows(self.Log).filter(last_seq__gt=0).values_list("name", flat=True)
+        )
         live = {n for n in with_messages if self._rows(self.Message).filter(broadcast=n).exists()}
         return sorted(with_groups | live)
 
     def dead_letters(self, name: str, group: str, limit: int = 100) -> list[DeadMessage]:
         rows = self._deliveries(name, group).filter(state="dead").order_by("failed_at", "seq")
-        return [DeadMessage(str(d.seq), d.message_id, bytes(d.payload or b""), d.content_type,
-                            d.published_at, d.failed_at, d.failures, bytes(d.error))
-                for d in rows[:limit]]  # fmt: skip
+        return [
+            DeadMessage(
+                str(d.seq),
+                d.message_id,
+                bytes(d.payload or b""),
+                d.content_type,
+                d.published_at,
+                d.failed_at,
+                d.failures,
+                bytes(d.error),
+            )
+            for d in rows[:limit]
+        ]
 
     def retry_dead(self, name: str, group: str, positions: Sequence[str] | None = None) -> int:
         with self._atomic():
@@ -340,4 +400,3 @@ class DatabaseBroadcasts(BroadcastStore):
 
     def wait(self, name: str, timeout: float) -> None:
         time.sleep(min(timeout, POLL))
-

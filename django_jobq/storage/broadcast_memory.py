@@ -116,7 +116,9 @@ class MemoryBroadcasts(BroadcastStore):
         while log.messages:
             seq, oldest = next(iter(log.messages.items()))
             too_many = retention.maxlen is not None and len(log.messages) > retention.maxlen
-            too_old = retention.max_age is not None and oldest.published_at < now - retention.max_age
+            too_old = (
+                retention.max_age is not None and oldest.published_at < now - retention.max_age
+            )
             if not (too_many or too_old):
                 return
             del log.messages[seq]
@@ -185,8 +187,19 @@ class MemoryBroadcasts(BroadcastStore):
             for d in taken:
                 d.state, d.token, d.lease_until = "active", d.token + 1, now + lease_ms
                 m = d.message
-                out.append(Delivery(name, group, str(m.seq), d.token, d.failures + 1,
-                                    m.message_id, m.payload, m.content_type, m.published_at))  # fmt: skip
+                out.append(
+                    Delivery(
+                        name,
+                        group,
+                        str(m.seq),
+                        d.token,
+                        d.failures + 1,
+                        m.message_id,
+                        m.payload,
+                        m.content_type,
+                        m.published_at,
+                    )
+                )
             return out
 
     def _held(self, g: _Group, position: str, token: int) -> _Delivery | None:
@@ -208,7 +221,10 @@ class MemoryBroadcasts(BroadcastStore):
                 else:
                     if v.kind is SettleKind.RETRY:
                         d.failures, d.error = d.failures + 1, v.error
-                    d.state, d.due = "retrying", now + (v.retry_in if v.kind is SettleKind.RETRY else 0)
+                    d.state, d.due = (
+                        "retrying",
+                        now + (v.retry_in if v.kind is SettleKind.RETRY else 0),
+                    )
                 out.append(_OUTCOMES[v.kind])
             return out
 
@@ -251,9 +267,17 @@ class MemoryBroadcasts(BroadcastStore):
             for group, g in sorted(log.groups.items()):
                 states = [d.state for d in g.deliveries.values()]
                 lag = sum(1 for seq in log.messages if seq > g.cursor)
-                out.append(GroupStatus(group, lag, states.count("active"),
-                                       states.count("retrying"), states.count("dead"), g.missed,
-                                       str(g.cursor) if g.cursor else ""))  # fmt: skip
+                out.append(
+                    GroupStatus(
+                        group,
+                        lag,
+                        states.count("active"),
+                        states.count("retrying"),
+                        states.count("dead"),
+                        g.missed,
+                        str(g.cursor) if g.cursor else "",
+                    )
+                )
             return out
 
     def length(self, name: str) -> int:
@@ -268,9 +292,19 @@ class MemoryBroadcasts(BroadcastStore):
         with self._cond:
             dead = [d for d in self._group(name, group).deliveries.values() if d.state == "dead"]
             dead.sort(key=lambda d: (d.failed_at, d.message.seq))
-            return [DeadMessage(str(d.message.seq), d.message.message_id, d.message.payload,
-                                d.message.content_type, d.message.published_at, d.failed_at,
-                                d.failures, d.error) for d in dead[:limit]]  # fmt: skip
+            return [
+                DeadMessage(
+                    str(d.message.seq),
+                    d.message.message_id,
+                    d.message.payload,
+                    d.message.content_type,
+                    d.message.published_at,
+                    d.failed_at,
+                    d.failures,
+                    d.error,
+                )
+                for d in dead[:limit]
+            ]
 
     def retry_dead(self, name: str, group: str, positions: Sequence[str] | None = None) -> int:
         with self._cond:

@@ -101,19 +101,23 @@ class RedisBroadcasts(BroadcastStore):
         args: list[Any] = [self._now_arg(), retention.maxlen or 0, retention.max_age or 0]
         for m in messages:
             args += [m.message_id, m.payload, m.content_type]
-        flat = self._call("bc_publish", [k.log, k.ids, k.meta, k.groups, k.missed,
-                                         k.group_prefix], args)  # fmt: skip
+        flat = self._call(
+            "bc_publish", [k.log, k.ids, k.meta, k.groups, k.missed, k.group_prefix], args
+        )
         self.client.sadd(BroadcastKeys.registry(self.prefix), name)
-        return [Published(m.message_id, PublishOutcome(_s(flat[2 * i])), _s(flat[2 * i + 1]))
-                for i, m in enumerate(messages)]  # fmt: skip
+        return [
+            Published(m.message_id, PublishOutcome(_s(flat[2 * i])), _s(flat[2 * i + 1]))
+            for i, m in enumerate(messages)
+        ]
 
     # -- groups -----------------------------------------------------------------------------
 
     def subscribe(self, name: str, group: str, start: str | int = "now") -> bool:
         k = self._k(name)
         self.client.sadd(BroadcastKeys.registry(self.prefix), name)
-        return bool(self._call("bc_subscribe", [k.log, k.meta, k.groups, k.missed],
-                               [group, str(start)]))  # fmt: skip
+        return bool(
+            self._call("bc_subscribe", [k.log, k.meta, k.groups, k.missed], [group, str(start)])
+        )
 
     def unsubscribe(self, name: str, group: str) -> bool:
         k = self._k(name)
@@ -133,16 +137,29 @@ class RedisBroadcasts(BroadcastStore):
         self, name: str, group: str, consumer: str, count: int, lease_ms: int, max_stalls: int
     ) -> list[Delivery]:
         k = self._k(name)
-        flat = self._call("bc_claim", [k.log, k.groups, k.missed, k.group_prefix],
-                          [self._now_arg(), group, consumer, count, lease_ms, max_stalls])  # fmt: skip
+        flat = self._call(
+            "bc_claim",
+            [k.log, k.groups, k.missed, k.group_prefix],
+            [self._now_arg(), group, consumer, count, lease_ms, max_stalls],
+        )
         if flat == -1:
             raise LookupError(f"broadcast {name!r} has no group {group!r}")
         out = []
         for i in range(0, len(flat), 6):
             pos = _s(flat[i])
-            out.append(Delivery(name, group, pos, int(flat[i + 1]), int(flat[i + 2]),
-                                _s(flat[i + 3]), flat[i + 4], _s(flat[i + 5]),
-                                int(pos.split("-")[0])))  # fmt: skip
+            out.append(
+                Delivery(
+                    name,
+                    group,
+                    pos,
+                    int(flat[i + 1]),
+                    int(flat[i + 2]),
+                    _s(flat[i + 3]),
+                    flat[i + 4],
+                    _s(flat[i + 5]),
+                    int(pos.split("-")[0]),
+                )
+            )
         return out
 
     def settle(self, name: str, group: str, verdicts: Sequence[Settle]) -> list[AckOutcome]:
@@ -211,16 +228,26 @@ class RedisBroadcasts(BroadcastStore):
             for suffix in ("lease", "retry", "dead"):
                 pipe.zcard(k.group(g, suffix))
         cards = pipe.execute()
-        positions = {_s(info["name"]): _s(info["last-delivered-id"])
-                     for info in self.client.xinfo_groups(k.log)}  # fmt: skip
+        positions = {
+            _s(info["name"]): _s(info["last-delivered-id"])
+            for info in self.client.xinfo_groups(k.log)
+        }
         out = []
         for i, g in enumerate(groups):
             read = int(reads[g.encode()])
             lag = max(0, last_n - max(read, first_n - 1))
             position = positions.get(g, "")
-            out.append(GroupStatus(g, lag, cards[3 * i], cards[3 * i + 1], cards[3 * i + 2],
-                                   int(missed.get(g.encode(), 0)),
-                                   "" if position == "0-0" else position))  # fmt: skip
+            out.append(
+                GroupStatus(
+                    g,
+                    lag,
+                    cards[3 * i],
+                    cards[3 * i + 1],
+                    cards[3 * i + 2],
+                    int(missed.get(g.encode(), 0)),
+                    "" if position == "0-0" else position,
+                )
+            )
         return out
 
     def length(self, name: str) -> int:
@@ -243,9 +270,18 @@ class RedisBroadcasts(BroadcastStore):
         for i, (pos, failed_at) in enumerate(dead):
             m, p, ct, a, e = values[5 * i : 5 * i + 5]
             position = _s(pos)
-            out.append(DeadMessage(position, _s(m or b""), p or b"", _s(ct or b""),
-                                   int(position.split("-")[0]), int(failed_at), int(a or 0),
-                                   e or b""))  # fmt: skip
+            out.append(
+                DeadMessage(
+                    position,
+                    _s(m or b""),
+                    p or b"",
+                    _s(ct or b""),
+                    int(position.split("-")[0]),
+                    int(failed_at),
+                    int(a or 0),
+                    e or b"",
+                )
+            )
         return out
 
     def retry_dead(self, name: str, group: str, positions: Sequence[str] | None = None) -> int:
@@ -257,11 +293,13 @@ class RedisBroadcasts(BroadcastStore):
 
     def purge_dead(self, name: str, group: str) -> int:
         k = self._k(name)
-        return int(self._call("bc_dead", [k.log, k.group_prefix],
-                              [self._now_arg(), group, "purge"]))  # fmt: skip
+        return int(
+            self._call("bc_dead", [k.log, k.group_prefix], [self._now_arg(), group, "purge"])
+        )
 
     def wait(self, name: str, timeout: float) -> None:
         """XREAD BLOCK on the stream from its newest entry: returns at the next publish."""
         wait = min(max(timeout, 0.001), MAX_BLOCK_SECONDS)
-        blocking_command(self.client, wait, "XREAD", "BLOCK", int(wait * 1000), "STREAMS",
-                         self._k(name).log, "$")  # fmt: skip
+        blocking_command(
+            self.client, wait, "XREAD", "BLOCK", int(wait * 1000), "STREAMS", self._k(name).log, "$"
+        )
