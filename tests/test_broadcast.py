@@ -45,8 +45,8 @@ def run(live_storage):
     workers: list[SubscriberWorker] = []
 
     def start(*subs: Subscription, **kwargs) -> SubscriberWorker:
-        worker = SubscriberWorker(subs, storage=live_storage, **{"lease": 5000, "grace": 1,
-                                                                  "concurrency": 4, **kwargs})  # fmt: skip
+        options = {"lease": 5000, "grace": 1, "concurrency": 4, **kwargs}
+        worker = SubscriberWorker(subs, storage=live_storage, **options)
         worker.start()
         workers.append(worker)
         return worker
@@ -183,3 +183,53 @@ def test_a_group_has_one_handler():
 def test_the_decorator_validates_its_options():
     with pytest.raises(InvalidOption):
         subscriber(NAME, group="g", max_attempts=0)(print)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(databases=["pg"], transaction=True)
+def test_a_verdict_waits_for_a_row_another_transaction_holds():
+    """A heartbeat holding a delivery's row for a moment must not turn a verdict into a lost
+    lease (the verdict waits for the row; it does not skip it)."""
+    from django.db import connections, transaction
+
+    from django_jobq.broadcast_models import BroadcastDelivery
+    from django_jobq.storage.broadcast_base import Settle, SettleKind
+    from django_jobq.storage.database import DatabaseStorage
+
+    store = DatabaseStorage("pg").broadcasts()
+    bc = Broadcast(NAME, storage=DatabaseStorage("pg"))
+    bc.subscribe("g", start="earliest")
+    bc.publish(1, id="m")
+    (d,) = store.claim(NAME, "g", "w1", 1, 5000, 1)
+    locked, release, outcome = threading.Event(), threading.Event(), []
+
+    def hold_row():
+        with transaction.atomic(using="pg"):
+            BroadcastDelivery.objects.using("pg").select_for_update().get(message_id="m")
+            locked.set()
+            release.wait(20)
+        connections["pg"].close()
+
+    def settle():
+        outcome.extend(store.settle(NAME, "g", [Settle(SettleKind.COMPLETE, d.position, d.token)]))
+        connections["pg"].close()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    assert locked.wait(10)
+    settler = threading.Thread(target=settle)
+    settler.start()
+
+    def settle_waits_on_the_lock() -> bool:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+            return cursor.fetchone()[0] > 0 or bool(outcome)
+
+    assert wait_until(settle_waits_on_the_lock, 10)
+    release.set()
+    holder.join(10)
+    settler.join(10)
+    assert [str(o) for o in outcome] == ["completed"]

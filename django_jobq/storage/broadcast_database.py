@@ -259,9 +259,10 @@ class DatabaseBroadcasts(BroadcastStore):
         d.save()
 
     def _held(self, name: str, group: str, position: str, token: int) -> Any:
-        return self._deliveries(name, group, lock=True).filter(
-            seq=int(position), token=token, state="active"
-        )
+        # Waits for the row (no SKIP LOCKED): a heartbeat or claim holding it for a moment
+        # must not turn a verdict into a lost lease.
+        rows = self._deliveries(name, group).select_for_update()
+        return rows.filter(seq=int(position), token=token, state="active")
 
     def settle(self, name: str, group: str, verdicts: Sequence[Settle]) -> list[AckOutcome]:
         with self._atomic():

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 from django_jobq import PermanentError, RateLimited, handler
+from django_jobq.broadcast import subscriber
 from django_jobq.celery_compat import celery_task
 
 
@@ -223,3 +224,16 @@ def flow_step(job):
     """A chain step: the previous step's result (0 for the first) plus payload["add"]."""
     before = job.previous_result if job.children else 0
     return before * job.payload.get("times", 1) + job.payload["add"]
+
+
+@subscriber("tests-bcast", group="alpha", start="earliest", max_stalls=3)
+@subscriber("tests-bcast", group="beta", start="earliest", max_stalls=3)
+def bcast_ledger(job):
+    """Appends "start"/"done" lines (group, message id, pid) around a sleep of
+    payload["seconds"] to payload["ledger"]: the broadcast fault test reads who handled what."""
+    line = f"{job.meta['group']} {job.id} {os.getpid()}"
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"start {line}\n")
+    time.sleep(job.payload.get("seconds", 0))
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"done {line}\n")

@@ -94,7 +94,8 @@ class Command(BaseCommand):
         configure(options["verbosity"])
         if options["check"]:
             self.check()
-        queues = options["queues"] or registry.queues()
+        # Only --subscriber given: a subscriber worker (no queues unless named too).
+        queues = options["queues"] or ([] if options["subscriber"] else registry.queues())
         subs = self._subscribers(options)
         if not queues and subs is None:
             raise CommandError("no queues given and no handlers registered (jobs.py modules)")
