@@ -89,6 +89,9 @@ class SubscriberWorker:
         self._free = self.concurrency
         self._inflight: dict[tuple[str, str, str, int], _InFlight] = {}
         self._work: stdqueue.SimpleQueue[_InFlight | None] = stdqueue.SimpleQueue()
+        self._acks: stdqueue.SimpleQueue[tuple[_InFlight, Settle] | None] = stdqueue.SimpleQueue()
+        self._acker = threading.Thread(target=self._ack_loop, name="jobq-subscriber-acker",
+                                       daemon=True)  # fmt: skip
         self._stopping = threading.Event()
         self._hurry = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -102,6 +105,7 @@ class SubscriberWorker:
         for i in range(self.concurrency):
             self._spawn(self._handler_loop, f"jobq-subscriber-{i}")
         self._spawn(self._heartbeat_loop, "jobq-subscriber-heartbeat")
+        self._acker.start()
         labels = [s.label for s in self.subscriptions]
         logger.info("subscriber worker %s serving %s", self.worker_id, labels)
         self.started.set()
@@ -241,7 +245,7 @@ class SubscriberWorker:
                 if self._key(entry) not in self._inflight:
                     continue  # released by shutdown before it started
                 entry.running = True
-            self._settle(entry, self._run(entry))
+            self._acks.put((entry, self._run(entry)))
 
     @staticmethod
     def _key(entry: _InFlight) -> tuple[str, str, str, int]:
@@ -275,29 +279,48 @@ class SubscriberWorker:
             return verdict(sub, d, exc)
         return verdict(sub, d, None)
 
-    def _settle(self, entry: _InFlight, settle: Settle) -> None:
-        d, failures = entry.delivery, 0
+    def _ack_loop(self) -> None:
+        """Sends verdicts in batches, one call per group (as the job worker's acker): under
+        load many handlers finish while one call is on the wire, and they share the next."""
+        done = False
+        while not done:
+            items = [self._acks.get()]
+            while len(items) < 1000:
+                try:
+                    items.append(self._acks.get_nowait())
+                except stdqueue.Empty:
+                    break
+            done = None in items
+            batches: dict[tuple[str, str], list[tuple[_InFlight, Settle]]] = defaultdict(list)
+            for item in items:
+                if item is not None:
+                    d = item[0].delivery
+                    batches[(d.broadcast, d.group)].append(item)
+            for (name, group), batch in batches.items():
+                self._send(name, group, batch)
+
+    def _send(self, name: str, group: str, batch: list[tuple[_InFlight, Settle]]) -> None:
+        failures = 0
         while True:
             try:
-                (outcome,) = self.store.settle(d.broadcast, d.group, [settle])
+                outcomes = self.store.settle(name, group, [v for _, v in batch])
                 break
-            except Exception as exc:  # noqa: BLE001 - keep the verdict; the lease decides
+            except Exception as exc:  # noqa: BLE001 - keep the verdicts; the lease decides
                 failures += 1
                 if failures > 100:
-                    logger.error("giving up on the verdict of %s: %s", d.message_id, exc)
-                    outcome = None
+                    logger.error("giving up on %d verdicts of %s:%s: %s", len(batch), name,
+                                 group, exc)  # fmt: skip
+                    outcomes = [None] * len(batch)  # type: ignore[list-item]
                     break
+                logger.warning("storing %d verdicts failed (%s); retrying", len(batch), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
-        key = {
-            "completed": "completed",
-            "retrying": "retried",
-            "failed": "dead",
-            "released": "released",
-        }.get(str(outcome), "lost")
+        names = {"completed": "completed", "retrying": "retried", "failed": "dead",
+                 "released": "released"}  # fmt: skip
         with self._cond:
-            self.stats[key] += 1
-            if self._inflight.pop(self._key(entry), None) is not None:
-                self._free += 1
+            for (entry, _), outcome in zip(batch, outcomes, strict=True):
+                self.stats[names.get(str(outcome), "lost")] += 1
+                if self._inflight.pop(self._key(entry), None) is not None:
+                    self._free += 1
             self._cond.notify_all()
 
     # -- heartbeat --------------------------------------------------------------------------
@@ -350,6 +373,9 @@ class SubscriberWorker:
             self._release(entry)
         for _ in self._threads:
             self._work.put(None)
+        self._acks.put(None)
+        if self._acker.is_alive():
+            self._acker.join(10)
         logger.info("subscriber worker %s stopped: %s", self.worker_id, self.stats)
 
     def _release(self, entry: _InFlight) -> None:

@@ -48,6 +48,7 @@ class DatabaseBroadcasts(BroadcastStore):
 
         self.using = using
         self.clock = clock
+        self._wal_checked = False
         self.Log, self.Message, self.Group, self.Delivery = (
             m.BroadcastLog,
             m.BroadcastMessage,
@@ -68,11 +69,29 @@ class DatabaseBroadcasts(BroadcastStore):
         return transaction.atomic(using=self.using)
 
     def _write_lock(self) -> None:
-        """SQLite: take the write lock before the first read of the transaction."""
+        """SQLite: take the write lock before the first read of the transaction (and use WAL,
+        so readers never wait for the writer; it persists in the file, as in ``database.py``)."""
         if not self._postgres:
+            if not self._wal_checked:
+                self._use_wal()
             with connections[self.using].cursor() as cursor:
                 table = connections[self.using].ops.quote_name(self.Log._meta.db_table)
                 cursor.execute(f"DELETE FROM {table} WHERE id = -1")  # noqa: S608 - no input
+
+    def _use_wal(self) -> None:
+        conn = connections[self.using]
+        if conn.settings_dict["NAME"] in ("", ":memory:"):
+            self._wal_checked = True
+            return
+        if conn.in_atomic_block:  # always, from _write_lock
+            # The pragma cannot change the journal mode inside a transaction: a short
+            # connection of its own does it for the file.
+            import sqlite3
+            from contextlib import closing
+
+            with closing(sqlite3.connect(conn.settings_dict["NAME"], timeout=20)) as own:
+                own.execute("PRAGMA journal_mode=WAL")
+        self._wal_checked = True
 
     def _rows(self, model: Any) -> Any:
         return model.objects.using(self.using)
@@ -258,23 +277,22 @@ class DatabaseBroadcasts(BroadcastStore):
             d.payload, d.content_type, d.published_at = m.payload, m.content_type, m.published_at
         d.save()
 
-    def _held(self, name: str, group: str, position: str, token: int) -> Any:
-        # Waits for the row (no SKIP LOCKED): a heartbeat or claim holding it for a moment
-        # must not turn a verdict into a lost lease.
-        rows = self._deliveries(name, group).select_for_update()
-        return rows.filter(seq=int(position), token=token, state="active")
-
     def settle(self, name: str, group: str, verdicts: Sequence[Settle]) -> list[AckOutcome]:
         with self._atomic():
             self._write_lock()
-            now, out = self._now(), []
+            now, out, done = self._now(), [], []
+            # One read for the batch; it waits for rows another transaction holds (no SKIP
+            # LOCKED): a heartbeat holding one for a moment must not make a lost lease.
+            rows = self._deliveries(name, group).select_for_update()
+            held = {(d.seq, d.token): d for d in rows.filter(
+                seq__in={int(v.position) for v in verdicts}, state="active")}  # fmt: skip
             for v in verdicts:
-                d = self._held(name, group, v.position, v.token).first()
+                d = held.pop((int(v.position), v.token), None)
                 if d is None:
                     out.append(AckOutcome.LEASE_LOST)
                     continue
                 if v.kind is SettleKind.COMPLETE:
-                    d.delete()
+                    done.append(d.pk)
                 elif v.kind is SettleKind.DEAD:
                     d.failures += 1
                     self._bury(d, now, v.error)
@@ -285,6 +303,8 @@ class DatabaseBroadcasts(BroadcastStore):
                     d.due = now + (v.retry_in if v.kind is SettleKind.RETRY else 0)
                     d.save(update_fields=["state", "due", "failures", "error"])
                 out.append(_OUTCOMES[v.kind])
+            if done:
+                self._rows(self.Delivery).filter(pk__in=done).delete()
             return out
 
     def heartbeat(

@@ -78,6 +78,7 @@ class RedisBroadcasts(BroadcastStore):
         self.client = client
         self.prefix = prefix
         self.clock = clock
+        self._registered: set[str] = set()  # names this process already added to the registry
 
     def _k(self, name: str) -> BroadcastKeys:
         return BroadcastKeys.for_broadcast(self.prefix, name)
@@ -91,6 +92,13 @@ class RedisBroadcasts(BroadcastStore):
         except NoScriptError:  # after a restart, failover or SCRIPT FLUSH
             self.client.script_load(SOURCES[script])
             return self.client.evalsha(SHAS[script], len(keys), *keys, *args)
+
+    def _register(self, name: str) -> None:
+        """Add ``name`` to the registry of broadcasts, once per process: a round trip per
+        publish would halve the single-message publish rate."""
+        if name not in self._registered:
+            self.client.sadd(BroadcastKeys.registry(self.prefix), name)
+            self._registered.add(name)
 
     # -- producer ---------------------------------------------------------------------------
 
@@ -114,7 +122,7 @@ class RedisBroadcasts(BroadcastStore):
 
     def subscribe(self, name: str, group: str, start: str | int = "now") -> bool:
         k = self._k(name)
-        self.client.sadd(BroadcastKeys.registry(self.prefix), name)
+        self._register(name)
         return bool(
             self._call("bc_subscribe", [k.log, k.meta, k.groups, k.missed], [group, str(start)])
         )
