@@ -33,6 +33,7 @@ from .validation import validate_job_id
 
 logger = logging.getLogger("django_jobq.subscribers")
 RECONNECT_MAX = 1.0  # s: longest pause between claims of a storage that does not answer
+MISSED_CHECK = 10.0  # s between looks at the served groups' missed counts
 
 
 @dataclass(slots=True)
@@ -97,11 +98,14 @@ class SubscriberWorker:
         self._threads: list[threading.Thread] = []
         self.started = threading.Event()
         self.stopped = threading.Event()
+        self._served = {(s.broadcast, s.group) for s in self.subscriptions}
+        self._missed: dict[tuple[str, str], int] = {}  # last missed count seen per group
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> None:
         self._subscribe()
+        self._check_missed()  # the baseline: what the groups missed before this worker
         for i in range(self.concurrency):
             self._spawn(self._handler_loop, f"jobq-subscriber-{i}")
         self._spawn(self._heartbeat_loop, "jobq-subscriber-heartbeat")
@@ -326,7 +330,11 @@ class SubscriberWorker:
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
+        last_check = 0.0
         while not self.stopped.wait(self.lease / 3000):
+            if time.monotonic() - last_check >= MISSED_CHECK:
+                last_check = time.monotonic()
+                self._check_missed()
             with self._cond:
                 leases: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
                 for name, group, position, token in self._inflight:
@@ -349,6 +357,25 @@ class SubscriberWorker:
                                 entry.delivery.message_id,
                             )
                             entry.job.cancel_event.set()
+
+    def _check_missed(self) -> None:
+        """Log when a served group fell (further) behind the retention: the messages it
+        missed are gone for it, and nothing else in a worker's log would say so."""
+        for name in {s.broadcast for s in self.subscriptions}:
+            try:
+                statuses = self.store.status(name)
+            except Exception as exc:  # noqa: BLE001 - a figure for operators, not a failure
+                logger.debug("status of %s not read: %s", name, exc)
+                continue
+            for st in statuses:
+                key = (name, st.group)
+                if key in self._served and st.missed > self._missed.get(key, st.missed):
+                    logger.warning(
+                        "[%s:%s] fell behind the retention: %d messages dropped before it "
+                        "handled them (%d in all); raise maxlen/max_age or add workers",
+                        name, st.group, st.missed - self._missed[key], st.missed,
+                    )  # fmt: skip
+                self._missed[key] = st.missed
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -233,3 +233,24 @@ def test_a_verdict_waits_for_a_row_another_transaction_holds():
     holder.join(10)
     settler.join(10)
     assert [str(o) for o in outcome] == ["completed"]
+
+
+def test_a_worker_logs_when_its_group_falls_behind_the_retention(monkeypatch, caplog):
+    from django_jobq import subscribers as module
+    from django_jobq.storage.memory import MemoryStorage
+
+    monkeypatch.setattr(module, "MISSED_CHECK", 0)
+    storage = MemoryStorage()
+    bc = Broadcast(NAME, storage=storage, maxlen=2)
+    release = threading.Event()
+    worker = SubscriberWorker([sub("slow", lambda job: release.wait(10))], storage=storage,
+                              concurrency=1, lease=300, grace=0)  # fmt: skip
+    worker.start()
+    try:
+        bc.publish_many([(f"m{i}", i) for i in range(6)])  # 4 dropped before "slow" read them
+        assert wait_until(lambda: "fell behind the retention" in caplog.text, 10)
+        assert {s.group: s.missed for s in bc.status()}["slow"] >= 3
+    finally:
+        release.set()
+        worker.stop(hurry=True)
+        assert worker.stopped.wait(10)
