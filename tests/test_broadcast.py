@@ -254,3 +254,23 @@ def test_a_worker_logs_when_its_group_falls_behind_the_retention(monkeypatch, ca
         release.set()
         worker.stop(hurry=True)
         assert worker.stopped.wait(10)
+
+
+def test_runworker_refuses_an_unknown_subscriber():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="no subscriber registered for 'nobody'"):
+        call_command("runworker", "--subscriber", "nobody")
+
+
+def test_runworker_serves_every_subscriber_only_when_no_queue_is_named():
+    from django_jobq.management.commands.runworker import Command
+
+    options = {"subscriber": None, "concurrency": 2, "lease": None, "grace": None,
+               "worker_id": None}  # fmt: skip
+    every = Command()._subscribers({**options, "queues": []})
+    assert every is not None
+    assert {s.label for s in every.subscriptions} >= {"tests-bcast:alpha", "tests-bcast:beta"}
+    assert Command()._subscribers({**options, "queues": ["tests-echo"]}) is None
+    one = Command()._subscribers({**options, "queues": [], "subscriber": ["tests-bcast:beta"]})
+    assert [s.label for s in one.subscriptions] == ["tests-bcast:beta"]

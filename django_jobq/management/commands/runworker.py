@@ -153,13 +153,13 @@ class Command(BaseCommand):
         registered when no queue was named, else none."""
         from ...broadcast import subscribers
 
-        if options["subscriber"]:
-            chosen = subscribers.select(options["subscriber"])
-        else:
-            chosen = [] if options["queues"] else subscribers.all()
-        if not chosen:
-            return None
         try:
+            if options["subscriber"]:
+                chosen = subscribers.select(options["subscriber"])
+            else:
+                chosen = [] if options["queues"] else subscribers.all()
+            if not chosen:
+                return None
             return SubscriberWorker(
                 chosen,
                 concurrency=options["concurrency"],
