@@ -22,6 +22,11 @@ from .validation import (
     validate_queue_name,
 )
 
+# The storage of django_jobq.testing's test mode while it is on. It wins over JOBQ instead of
+# being put into JOBQ with override_settings: a test that changes JOBQ meanwhile (pytest-django's
+# ``settings`` fixture) stays on it, and no settings override can be undone out of order.
+_test_storage: Any = None
+
 DEFAULTS: dict[str, Any] = {
     # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
     # None: "redis" when REDIS_URL or REDIS_CACHE_ALIAS is set, else "database" (the embedded
@@ -39,7 +44,15 @@ DEFAULTS: dict[str, Any] = {
     # a job, 100,000 is half a minute at 2,000 jobs/s); if it does, it resyncs the queue.
     "EVENTS_MAXLEN": 100_000,
     # Model mirror of the Redis backend (runs inside runreaper, or as runmirror).
-    "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": "default", "BATCH": 1000},
+    # LAG_WARNING: seconds behind Redis past which the admin shows a banner; CHECK_INTERVAL:
+    # seconds between the reaper's reconciliation checks of rows against Redis (None: never).
+    "MIRROR": {
+        "ENABLED": True,
+        "DATABASE_ALIAS": "default",
+        "BATCH": 1000,
+        "LAG_WARNING": 30.0,
+        "CHECK_INTERVAL": 600.0,
+    },  # fmt: skip
     # Rows of jobs finished more than this many days ago are deleted by the reaper (None: keep).
     "RETENTION_DAYS": 7,
     # Defaults of every job; per-queue overrides in QUEUES, per-call overrides at enqueue.
@@ -142,7 +155,10 @@ def queue_defaults(queue: str) -> JobOptions:
 
 
 def queue_durability(queue: str) -> str:
-    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``."""
+    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``. Under the test
+    mode always "redis": its storage keeps no journal (a journal queue behaves as a plain one)."""
+    if _test_storage is not None:
+        return "redis"
     conf = jobq_settings()
     value = conf["QUEUES"].get(queue, {}).get("durability", conf["DURABILITY"])
     return validate_durability(value, f"JOBQ['QUEUES'][{queue!r}]['durability']")
@@ -354,11 +370,20 @@ def build_storage() -> Any:
 def get_storage() -> Any:
     """The process-wide storage selected by ``JOBQ`` (built once, thread-safe)."""
     global _storage
+    if _test_storage is not None:
+        return _test_storage
     if _storage is None:
         with _lock:
             if _storage is None:
                 _storage = build_storage()
     return _storage
+
+
+def set_test_storage(storage: Any) -> None:
+    """Make ``get_storage()`` return ``storage`` whatever JOBQ says (None: JOBQ again). For
+    django_jobq.testing; not for production code."""
+    global _test_storage
+    _test_storage = storage
 
 
 def reset_storage(**_: Any) -> None:

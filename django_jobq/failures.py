@@ -19,7 +19,7 @@ import logging
 import random
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from .errors import ConfigurationError, JobQError
 from .execution import backoff_ms, error_body
@@ -88,7 +88,7 @@ class FailureCaller:
         lease_ms: int | None = None,
         backoff: tuple[int, int] | None = None,
         poll: float | None = None,
-    ) -> FailureCaller:
+    ) -> Self:
         """From ``JOBQ["WORKER"]`` (``conf``), with the worker's own overrides when given."""
         conf = dict(conf)
         if lease_ms is not None:

@@ -14,45 +14,41 @@ only (job, kind, time, worker). Reading the current record of every job a batch 
 pipelined round trip) gives the full row, and re-reading is always correct, whatever order
 batches land in. When a record has already expired, the batch's last event still sets the state.
 
-If the stream cap trimmed events the group never read (the mirror was down too long), the
-queue is re-synchronised from its live records (a SCAN); jobs that finished *and* expired while
-the mirror was away keep their last mirrored state. ``EVENTS_MAXLEN`` bounds that window.
+Gaps heal while the mirror runs, not only at start-up: every few seconds it checks each
+queue's stream for entries the cap trimmed before the group read them, a group that is gone
+(the stream was flushed or obliterated) and a Redis server that restarted; any of these
+re-synchronises the affected queues from their live records (a SCAN, written in creation
+order) and moves the group past what that re-read covered. Jobs that finished *and* expired
+inside such a gap keep their last mirrored state; ``EVENTS_MAXLEN`` bounds that window.
+
+A job whose row the database refuses (a non-finite float in its progress, a malformed entry
+written into the stream by hand) is set aside as a ``MirrorReject`` row, found by bisecting
+the failed batch, so it never holds back the others.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DataError, IntegrityError, connections, transaction
 
 from .conf import get_storage, jobq_settings
-from .job import Event, JobRecord, decode_progress
+from .job import Event, JobRecord
+from .mirror_sql import EVENT_COLUMNS, execute_many, job_row, ms_dt, take_write_lock, upsert_jobs
 from .registry import handler_name, registry
 from .states import TERMINAL_STATES, JobState
 
 logger = logging.getLogger("django_jobq.mirror")
 
 GROUP = "jobq-mirror"
-JOB_FIELDS = (
-    "state", "handler", "payload", "content_type", "result", "error", "attempts",
-    "max_attempts", "stalls", "max_stalls", "priority", "result_ttl", "run_at", "created_at",
-    "started_at", "finished_at", "expires_at", "worker", "progress", "logs",
-)  # fmt: skip
-# Column order of the raw upsert (see ``upsert``): JOB_FIELDS plus the key and model defaults.
-JOB_COLUMNS = (
-    "queue", "job_id", *JOB_FIELDS, "min_backoff", "max_backoff", "token", "waiters",
-)  # fmt: skip
-MAX_PARAMS = 30_000  # bound parameters per SQLite statement (its limit is 32,766)
-EVENT_COLUMNS = ("job", "queue", "kind", "at", "worker", "detail", "stream_id")
 KIND_STATE = {
     "queued": JobState.QUEUED,
     "retried": JobState.QUEUED,
@@ -66,32 +62,12 @@ KIND_STATE = {
     "failed": JobState.FAILED,
     "cancelled": JobState.CANCELLED,
 }
-
-
-def _dt(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
-
-
-def _error(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return {"type": "Unreadable", "message": raw.decode("utf-8", "replace")}
-
-
-def _converter(field: Any, conn: Any) -> Any:
-    """How a Python value becomes a query parameter for ``field``, exactly as the ORM does it
-    (``get_db_prep_save``), or None where that is the identity: skipping the call for plain
-    ints and strings matters at tens of thousands of values per second."""
-    kind = field.get_internal_type()
-    if kind in ("CharField", "IntegerField", "PositiveIntegerField", "PositiveBigIntegerField",
-                "BigIntegerField", "ForeignKey", "BinaryField"):  # fmt: skip
-        return None
-    if kind == "DateTimeField" and conn.vendor == "postgresql":
-        return None  # psycopg sends aware datetimes as they are
-    return lambda value: field.get_db_prep_save(value, conn)
+#: Errors that belong to the data of some job in a batch, not to the database or Redis being
+#: unavailable: the batch is split to find the job, which is set aside. Anything else (a lost
+#: connection, "database is locked") fails the batch, which is read again later.
+RECORD_ERRORS = (DataError, IntegrityError, ValueError, TypeError, OverflowError, KeyError)
+REJECT_ERROR_CHARS = 2000
+READ_AHEAD = 8  # a mirror that is behind reads up to this many batches at once
 
 
 class LagStats:
@@ -134,6 +110,8 @@ class Mirror:
         using: database alias the rows are written to.
         batch: events per read; each batch is one transaction.
         block: seconds a read waits for new events.
+        gap_check_interval: seconds between checks for gaps (trimmed entries, a lost group,
+            a restarted Redis) while running.
     """
 
     def __init__(
@@ -148,14 +126,16 @@ class Mirror:
         block: float = 1.0,
         stale_ms: int = 60_000,
         worker_sync_interval: float = 2.0,
+        gap_check_interval: float = 5.0,
     ) -> None:
         conf = jobq_settings()["MIRROR"]
         self.storage = storage if storage is not None else get_storage()
         if not hasattr(self.storage, "read_group"):
             raise TypeError("the mirror reads Redis event streams: use it with RedisStorage")
-        from .models import Job, JobEvent, WorkerInfo
+        from .models import Job, JobEvent, MirrorReject, WorkerInfo
 
         self.Job, self.JobEvent, self.WorkerInfo = Job, JobEvent, WorkerInfo
+        self.Reject = MirrorReject
         self.fixed_queues = list(queues) if queues else None
         self.using = using or conf["DATABASE_ALIAS"]
         self.group = group
@@ -164,13 +144,19 @@ class Mirror:
         self.block = block
         self.stale_ms = stale_ms
         self.worker_sync_interval = worker_sync_interval
+        self.gap_check_interval = gap_check_interval
         self.lag = LagStats()
+        self.rejected = 0  # jobs set aside since start (MirrorReject rows hold the detail)
+        self.resyncs = 0  # queues re-read from their records since start
         self._queues: list[str] = []
         self._queues_checked = 0.0
+        self._gaps_checked = time.monotonic()
         self._workers_synced = 0.0
+        self._server_id: str | None = None
+        self._read_count = self.batch
         self._stop = threading.Event()
 
-    # -- discovery --------------------------------------------------------------------------
+    # -- discovery and gaps -----------------------------------------------------------------
 
     def queues(self) -> list[str]:
         if time.monotonic() - self._queues_checked < 5 and self._queues:
@@ -180,23 +166,58 @@ class Mirror:
         else:
             known = set(self.storage.list_queues()) | set(registry.queues())
             wanted = sorted(known | set(jobq_settings()["QUEUES"]))
+        if self._server_id is None:
+            self._server_id = self.storage.server_id()
         for name in set(wanted) - set(self._queues):
-            self.storage.ensure_group(name, self.group)
-            if self.storage.events_lost(name, self.group):
-                logger.warning(
-                    "%s: events were trimmed before the mirror read them; resyncing", name
-                )
-                self.resync(name)
-            # Events this consumer read before a restart but never acknowledged come first.
-            self._apply(self._read_pending(name))
+            self._join(name)
         self._queues = sorted(wanted)
         self._queues_checked = time.monotonic()
         return self._queues
 
-    def _read_pending(self, queue: str) -> list[Event]:
-        events = self.storage.read_group([queue], self.group, self.consumer, pending=True)
-        events += self.storage.claim_stale_events(queue, self.group, self.consumer, self.stale_ms)
-        return events
+    def _join(self, name: str) -> None:
+        """Start mirroring a queue: its group, a gap left while nobody read it, and the
+        events this consumer read before a restart but never acknowledged (first)."""
+        self.storage.ensure_group(name, self.group)
+        if self.storage.events_lost(name, self.group):
+            self.heal(name, "events were trimmed before the mirror read them")
+        lost: list[str] = []
+        events = self.storage.read_group([name], self.group, self.consumer, pending=True, lost=lost)
+        events += self.storage.claim_stale_events(name, self.group, self.consumer, self.stale_ms)
+        self._apply(events)
+        if lost:
+            self.storage.ack_events(name, self.group, lost)
+            self.heal(name, f"{len(lost)} events read but not written were trimmed")
+
+    def check_gaps(self) -> list[str]:
+        """Heal every queue that has a gap now: a restarted Redis (all of them), a group that
+        is gone (its stream was flushed or obliterated), or entries trimmed unread. Returns
+        the queues healed."""
+        self._gaps_checked = time.monotonic()
+        server = self.storage.server_id()
+        restarted = self._server_id is not None and server != self._server_id
+        self._server_id = server
+        healed = []
+        for name in self._queues:
+            why = "Redis restarted" if restarted else None
+            if self.storage.ensure_group(name, self.group):
+                why = why or "the event stream was lost"
+            elif self.storage.events_lost(name, self.group):
+                why = why or "events were trimmed before the mirror read them"
+            if why:
+                self.heal(name, why)
+                healed.append(name)
+        return healed
+
+    def heal(self, queue: str, why: str) -> int:
+        """Re-read every live record of ``queue``, then move the group past what the re-read
+        covered (the stream position is taken first, so no later event is skipped)."""
+        logger.warning("%s: %s; resyncing from the job records", queue, why)
+        position = self.storage.stream_position(queue)
+        n = self.resync(queue)
+        self.storage.set_group_position(queue, self.group, position)
+        self.resyncs += 1
+        logger.warning("%s: resynced %d jobs", queue, n)
+        return n
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -204,15 +225,23 @@ class Mirror:
         """Read one batch (waiting up to ``block`` seconds for it) and write it; returns the
         number of events mirrored."""
         queues = self.queues()
+        if time.monotonic() - self._gaps_checked >= self.gap_check_interval:
+            self.check_gaps()
         if time.monotonic() - self._workers_synced >= self.worker_sync_interval:
             self.sync_workers()
         if not queues:
             self._stop.wait(block or 0)
             return 0
         events = self.storage.read_group(
-            queues, self.group, self.consumer, count=self.batch, block=block
+            queues, self.group, self.consumer, count=self._read_count, block=block
         )
         self._apply(events)
+        # Behind (a full read): read more at once. A job's events (queued, active,
+        # completed) then share one batch, so its record is read and written once, not
+        # three times; the writes stay at ``batch`` jobs per transaction.
+        full = len(events) >= self._read_count
+        grown = min(self._read_count * 2, READ_AHEAD * self.batch)
+        self._read_count = grown if full else self.batch
         return len(events)
 
     def drain(self) -> int:
@@ -234,9 +263,10 @@ class Mirror:
                     failures += 1
                     logger.warning("mirror batch failed (%s); retrying", exc)
                     self._queues_checked = 0.0
-                    # Re-create the groups too: an obliterated queue's stream (and group) is
+                    # Re-join every queue: a flushed or obliterated stream (and group) is
                     # gone, and reading it would fail every batch of every queue.
                     self._queues = []
+                    connections[self.using].close_if_unusable_or_obsolete()
                     self._stop.wait(min(5.0, 0.1 * 2**failures))
         finally:
             connections.close_all()
@@ -254,130 +284,146 @@ class Mirror:
     def _apply(self, events: Sequence[Event]) -> None:
         if not events:
             return
-        by_queue: dict[str, list[Event]] = defaultdict(list)
+        by_job: dict[tuple[str, str], list[Event]] = defaultdict(list)
         for event in events:
-            by_queue[event.queue].append(event)
-        with transaction.atomic(using=self.using):
-            for queue, queue_events in by_queue.items():
-                self._write_queue(queue, queue_events)
+            if event.job_id:
+                by_job[(event.queue, event.job_id)].append(event)
+            else:
+                self._reject(event.queue, "", [event], "the stream entry names no job")
+        jobs = list(by_job.items())
+        for start in range(0, len(jobs), self.batch):  # short transactions (SQLite's lock)
+            self._bisect(jobs[start : start + self.batch], self._write_jobs)
         now = int(time.time() * 1000)
         self.lag.add([now - e.at for e in events])
         # Acknowledge only after the commit: a crash in between re-delivers, never loses.
-        for queue, queue_events in by_queue.items():
-            self.storage.ack_events(queue, self.group, [e.id for e in queue_events])
-
-    def _write_queue(self, queue: str, events: Sequence[Event]) -> None:
-        last: dict[str, Event] = {}
+        by_queue: dict[str, list[str]] = defaultdict(list)
         for event in events:
-            last[event.job_id] = event
+            by_queue[event.queue].append(event.id)
+        for queue, ids in by_queue.items():
+            self.storage.ack_events(queue, self.group, ids)
+
+    def _bisect(
+        self, jobs: list[tuple[tuple[str, str], Any]], write: Callable[[list], None]
+    ) -> None:
+        """Write ``jobs`` in one go; if the data of some job is refused, split the batch in
+        halves until that job is alone, and set it aside. A batch of n jobs with one bad job
+        costs about 2·log2(n) extra writes, only when it fails."""
+        try:
+            write(jobs)
+        except RECORD_ERRORS as exc:
+            if len(jobs) == 1:
+                (queue, job_id), item = jobs[0]
+                self._reject(queue, job_id, item if isinstance(item, list) else [], exc)
+                return
+            half = len(jobs) // 2
+            self._bisect(jobs[:half], write)
+            self._bisect(jobs[half:], write)
+
+    def _write_jobs(self, jobs: list[tuple[tuple[str, str], list[Event]]]) -> None:
+        """One transaction for the rows and events of ``jobs``. The records are read from
+        Redis before it starts, so the write lock (SQLite) is held only while writing."""
+        by_queue: dict[str, list[Event]] = defaultdict(list)
+        for (queue, _), job_events in jobs:
+            by_queue[queue].extend(job_events)
+        reads = {q: self._read_records(q, evs) for q, evs in by_queue.items()}
+        with transaction.atomic(using=self.using):
+            take_write_lock(self.Job, self.using)
+            for queue, (live, gone) in reads.items():
+                self._store(queue, live, gone, by_queue[queue])
+
+    def _read_records(
+        self, queue: str, events: Sequence[Event]
+    ) -> tuple[list[JobRecord], list[Event]]:
+        last = {event.job_id: event for event in events}
         records = self.storage.get_records(queue, list(last))
         live = [r for r in records.values() if r is not None]
+        return live, [last[job_id] for job_id, r in records.items() if r is None]
+
+    def _store(
+        self, queue: str, live: list[JobRecord], gone: list[Event], events: Sequence[Event]
+    ) -> None:
         self.upsert(queue, live)
-        gone = [last[job_id] for job_id, r in records.items() if r is None]
         for event in gone:  # expired already: the event is all that is left to go by
             state = KIND_STATE.get(event.kind)
             if state is not None:
                 fields: dict[str, Any] = {"state": state}
                 if state in TERMINAL_STATES:
-                    fields["finished_at"] = _dt(event.at)
+                    fields["finished_at"] = ms_dt(event.at)
                 self.Job.objects.using(self.using).filter(queue=queue, job_id=event.job_id).update(
                     **fields
                 )
         pks = dict(
             self.Job.objects.using(self.using)
-            .filter(queue=queue, job_id__in=list(last))
+            .filter(queue=queue, job_id__in=list({e.job_id for e in events}))
             .values_list("job_id", "id")
         )
         rows = [
-            (pks[e.job_id], queue, e.kind, _dt(e.at), e.worker or "", None, e.id)
+            (pks[e.job_id], queue, e.kind, ms_dt(e.at), e.worker or "", None, e.id)
             for e in events
             if e.job_id in pks
         ]
         # A redelivered event hits the (queue, stream_id) unique index and is skipped.
-        self._execute_many(self.JobEvent, EVENT_COLUMNS, rows, "ON CONFLICT DO NOTHING")
+        execute_many(self.JobEvent, self.using, EVENT_COLUMNS, rows, "ON CONFLICT DO NOTHING")
 
     def upsert(self, queue: str, records: Sequence[JobRecord]) -> None:
-        """Insert or update one row per record, in one multi-row statement.
+        """Insert or update one row per record, in one multi-row statement."""
+        if records:
+            name = handler_name(queue)
+            upsert_jobs(self.Job, self.using, [job_row(queue, name, r) for r in records])
 
-        Raw SQL because this is the mirror's hot loop: the ORM's ``bulk_create`` spends most
-        of its time compiling the statement (measured: 3,800 events/s with it, below the
-        6,000/s a 2,000 jobs/s worker produces). Values still go through each field's
-        ``get_db_prep_save``, so every backend stores them exactly as the ORM would."""
-        if not records:
-            return
-        name = handler_name(queue)
-        rows = [
-            (
-                queue, r.job_id, r.state.value, name, r.payload or b"", r.content_type,
-                r.result, _error(r.error), r.attempts, r.max_attempts, r.stalls, r.max_stalls,
-                r.priority, r.result_ttl, _dt(r.run_at), _dt(r.created_at), _dt(r.started_at),
-                _dt(r.finished_at), _dt(r.expires_at), r.worker or "", decode_progress(r.progress),
-                [list(line) for line in r.logs] or None,
-                # columns the mirror does not know: the model's defaults
-                1000, 3_600_000, 0, 0,
-            )
-            for r in records
-        ]  # fmt: skip
-        q = connections[self.using].ops.quote_name
-        updates = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in JOB_FIELDS)
-        self._execute_many(
-            self.Job, JOB_COLUMNS, rows, f"ON CONFLICT (queue, job_id) DO UPDATE SET {updates}"
-        )
-
-    def _execute_many(
-        self, model: Any, columns: Sequence[str], rows: list[tuple], tail: str
+    def _reject(
+        self, queue: str, job_id: str, events: Sequence[Event], error: Exception | str
     ) -> None:
-        if not rows:
-            return
-        conn = connections[self.using]
-        fields = [model._meta.get_field(c) for c in columns]
-        convert = [_converter(f, conn) for f in fields]
-        prepared = [
-            tuple(c(v) if c else v for c, v in zip(convert, row, strict=True)) for row in rows
-        ]
-        q = conn.ops.quote_name
-        table = q(model._meta.db_table)
-        names = ", ".join(q(f.column) for f in fields)
-        if conn.vendor == "postgresql":
-            # One statement, one array per column: the query text stays short, so the driver
-            # does not re-parse thousands of placeholders per batch (that parse was most of
-            # the time with a VALUES list), and PostgreSQL plans it once.
-            casts = ", ".join(f"%s::{f.db_type(conn)}[]" for f in fields)
-            arrays = [list(col) for col in zip(*prepared, strict=True)]
-            with conn.cursor() as cursor:
-                cursor.execute(
-                    f"INSERT INTO {table} ({names}) SELECT * FROM unnest({casts}) {tail}",
-                    arrays,
-                )
-            return
-        head = f"INSERT INTO {table} ({names}) VALUES "
-        one = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        # SQLite: one multi-row statement per chunk, under its bound-parameter limit.
-        per_chunk = max(1, MAX_PARAMS // len(fields))
-        with conn.cursor() as cursor:
-            for start in range(0, len(prepared), per_chunk):
-                chunk = prepared[start : start + per_chunk]
-                params = [value for row in chunk for value in row]
-                cursor.execute(head + ", ".join([one] * len(chunk)) + f" {tail}", params)
+        """Set a job aside: log it, count it, and keep a ``MirrorReject`` row for the admin.
+        Recording it must not block the others either: if even that fails, the log line is
+        all that is left."""
+        self.rejected += 1
+        message = (f"{type(error).__name__}: {error}" if isinstance(error, Exception)
+                   else error)[:REJECT_ERROR_CHARS]  # fmt: skip
+        first = events[0] if events else None
+        logger.error("[%s/%s] not mirrored, set aside: %s", queue, job_id, message)
+        now = dt.datetime.now(dt.UTC)
+        try:
+            with transaction.atomic(using=self.using):
+                take_write_lock(self.Job, self.using)
+                row, created = self.Reject.objects.using(self.using).get_or_create(
+                    queue=queue[:64], job_id=job_id[:160],
+                    defaults={"stream_id": first.id if first else "", "kind": "",
+                              "error": message, "events": len(events), "first_seen": now,
+                              "last_seen": now},
+                )  # fmt: skip
+                if first is not None:
+                    row.kind = first.kind[:16]
+                if not created:
+                    row.events += len(events)
+                    row.error, row.last_seen = message, now
+                row.save(using=self.using)
+        except Exception as exc:  # the database refuses even this: the log line stays
+            logger.error("[%s/%s] reject not recorded: %s", queue, job_id, exc)
+
+    # -- resync -----------------------------------------------------------------------------
 
     def resync(self, queue: str, chunk: int = 500) -> int:
-        """Rewrite every live record of ``queue`` (after a gap in the stream)."""
-        ids: list[str] = []
+        """Rewrite every live record of ``queue`` (after a gap in the stream), oldest first.
+
+        SCAN returns ids in hash order; rows it creates are written in creation order instead,
+        so that their primary keys (the admin's default order, and the tie-break of the lists'
+        keyset pages) keep the order the jobs were created in."""
+        ids = list(self.storage.scan_job_ids(queue))
+        created = self.storage.created_times(queue, ids)
+        ordered = [job_id for _, job_id in sorted(zip(created, ids, strict=True))]
         total = 0
-        for job_id in self.storage.scan_job_ids(queue):
-            ids.append(job_id)
-            if len(ids) >= chunk:
-                total += self._resync_chunk(queue, ids)
-                ids = []
-        if ids:
-            total += self._resync_chunk(queue, ids)
+        for start in range(0, len(ordered), chunk):
+            part = ordered[start : start + chunk]
+            live = [r for r in self.storage.get_records(queue, part).values() if r is not None]
+            total += len(live)
+            self._bisect([((queue, r.job_id), r) for r in live], self._write_records)
         return total
 
-    def _resync_chunk(self, queue: str, ids: list[str]) -> int:
-        live = [r for r in self.storage.get_records(queue, ids).values() if r is not None]
+    def _write_records(self, items: list[tuple[tuple[str, str], JobRecord]]) -> None:
         with transaction.atomic(using=self.using):
-            self.upsert(queue, live)
-        return len(live)
+            take_write_lock(self.Job, self.using)
+            self.upsert(items[0][0][0], [record for _, record in items])
 
     def sync_workers(self) -> None:
         """Live workers as rows; rows of workers that are gone are deleted."""
@@ -385,9 +431,10 @@ class Mirror:
         records = self.storage.list_workers()
         model = self.WorkerInfo.objects.using(self.using)
         with transaction.atomic(using=self.using):
+            take_write_lock(self.Job, self.using)
             for rec in records:
                 info = rec.info
-                seen = _dt(rec.last_seen)
+                seen = ms_dt(rec.last_seen)
                 fields = {
                     "host": info.get("host", ""), "pid": info.get("pid"),
                     "queues": info.get("queues", []), "concurrency": info.get("concurrency", 0),
@@ -397,7 +444,7 @@ class Mirror:
                 model.update_or_create(
                     worker_id=rec.worker_id,
                     defaults=fields,
-                    create_defaults={**fields, "started_at": _dt(info.get("started"))},
+                    create_defaults={**fields, "started_at": ms_dt(info.get("started"))},
                 )
             model.exclude(worker_id__in=[r.worker_id for r in records]).delete()
 

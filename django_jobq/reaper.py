@@ -64,6 +64,10 @@ class Reaper:
         )
         self._last_reconcile = 0.0
         self._reconcile_error: tuple[str, float] | None = None
+        # The mirror's reconciliation check (mirror_check.py): rows against Redis.
+        self.mirror_check_interval: float | None = conf["MIRROR"]["CHECK_INTERVAL"]
+        self._last_mirror_check = time.monotonic()
+        self._mirror_check_error: tuple[str, float] | None = None
 
     def queues(self) -> list[str]:
         """Explicit queues, else every queue that was enqueued to, has a handler or settings."""
@@ -149,6 +153,21 @@ class Reaper:
             if report.recreated or report.dropped:
                 logger.warning("journal %s: %s", name, report)
 
+    def check_mirror(self) -> None:
+        """Compare the mirror's rows with Redis and repair what differs. Errors are logged at
+        most once a minute and never stop stall recovery."""
+        from .mirror_check import check
+
+        self._last_mirror_check = time.monotonic()
+        try:
+            check(self.mirror, self.queues())
+        except Exception as exc:
+            self._mirror_check_error = _warn_rarely(
+                "mirror not checked", exc, self._mirror_check_error
+            )
+            return
+        self._mirror_check_error = None
+
     def purge(self) -> int:
         """Delete job rows past the retention period (mirror rows, or database-backend state
         whose deduplication window has closed)."""
@@ -178,6 +197,12 @@ class Reaper:
                         and time.monotonic() - self._last_reconcile >= self.reconcile_interval
                     ):
                         self.reconcile()
+                    if (
+                        self.mirror is not None
+                        and self.mirror_check_interval
+                        and time.monotonic() - self._last_mirror_check >= self.mirror_check_interval
+                    ):
+                        self.check_mirror()
                 except Exception as exc:  # storage down: keep trying, never exit on a blip
                     logger.warning("reaper sweep failed: %s", exc)
                 self._stop.wait(self.interval)

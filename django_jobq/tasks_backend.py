@@ -37,6 +37,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
+from .conf import get_storage
 from .errors import JobQError, PermanentError
 from .job import Job, ms_to_datetime
 from .queue import Queue
@@ -72,7 +73,9 @@ class JobQBackend(BaseTaskBackend):
 
     def queue(self, name: str) -> Queue:
         q = self._queues.get(name)
-        if q is None:
+        # Without a STORAGE option the queue follows the JOBQ setting, rebuilt when it selects
+        # another storage (override_settings, the test mode), as get_queue() does.
+        if q is None or (self._storage is None and q.storage is not get_storage()):
             q = self._queues[name] = Queue(name, storage=self._storage)
         return q
 

@@ -73,7 +73,12 @@ JOBQ = {
     "PREFIX": os.environ.get("JOBQ_TEST_PREFIX", "jobqtest"),
     # Subprocess reapers must not mirror into (or purge) a database nobody migrated for them;
     # tests/test_mirror.py drives the mirror and retention directly.
-    "MIRROR": {"ENABLED": os.environ.get("JOBQ_TEST_MIRROR") == "1"},
+    "MIRROR": {
+        "ENABLED": os.environ.get("JOBQ_TEST_MIRROR") == "1",
+        "DATABASE_ALIAS": os.environ.get("JOBQ_TEST_MIRROR_ALIAS", "default"),
+    },
+    # tests/test_mirror_processes.py: a small cap, so the stream is trimmed many times over.
+    "EVENTS_MAXLEN": int(os.environ.get("JOBQ_TEST_EVENTS_MAXLEN", "100000")),
     "RETENTION_DAYS": None,
 }
 

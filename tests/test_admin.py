@@ -483,3 +483,40 @@ def test_job_pages_link_flow_parents_and_children_and_hide_the_envelope(admin_cl
     timed = admin_client.get(job_url(jobq, "timed"))
     assert timed.context["settings"] == {"timeout": 5.0, "hard_timeout": 9.0}
     assert "hard_timeout: 9.0s" in timed.content.decode()
+
+
+# -- the mirror behind Redis -------------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_job_page_offers_actions_of_the_storage_state_not_the_rows(
+    admin_client, settings, redis_prefix
+):
+    jobq = on_redis(settings, redis_prefix)
+    jobq.queue.enqueue("moved", {"n": 1})
+    url = job_url(jobq, "moved")  # the row says queued
+    [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+    jobq.storage.complete(Q, "moved", claimed.token, b"1")  # Redis: completed, row not yet
+    page = admin_client.get(url)
+    assert page.context["job"].state == "queued"
+    names = [name for name, _, _ in page.context["actions"]]
+    assert "cancel" not in names and "delete" in names
+
+
+@pytest.mark.redis
+def test_overview_oldest_waiting_agrees_with_the_counts_and_banner_shows_lag(
+    admin_client, settings, redis_prefix
+):
+    jobq = on_redis(settings, redis_prefix)
+    settings.JOBQ["MIRROR"]["LAG_WARNING"] = 0.0
+    jobq.queue.enqueue("waits", {"n": 1})
+    jobq.sync()
+    [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+    jobq.storage.complete(Q, "waits", claimed.token, b"1")  # rows: still queued
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    row = next(r for r in page.context["rows"] if r["name"] == Q)
+    assert (row["counts"]["queued"], row["oldest_age"]) == (0, None)
+    assert "behind Redis" in page.context["mirror_banner"]  # two events not written yet
+    jobq.sync()
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    assert page.context["mirror_banner"] is None

@@ -7,21 +7,24 @@ the pages only read rows and live storage figures. See docs/admin.md.
 from django.contrib import admin
 
 from ..api import admin as api_admin  # noqa: F401 - registers the ApiKey admin (no DRF needed)
-from ..models import BroadcastLog, Job, QueueConfig, WorkerInfo
+from ..models import BroadcastLog, Job, MirrorReject, QueueConfig, WorkerInfo
 from .broadcasts import BroadcastAdmin
 from .jobs import JobAdmin
 from .queues import QueueAdmin
+from .rejects import MirrorRejectAdmin
 from .schedules import ScheduleAdmin, ScheduleForm
 from .workers import WorkerAdmin
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(QueueConfig, QueueAdmin)
 admin.site.register(WorkerInfo, WorkerAdmin)
+admin.site.register(MirrorReject, MirrorRejectAdmin)
 admin.site.register(BroadcastLog, BroadcastAdmin)
 
 __all__ = [
     "BroadcastAdmin",
     "JobAdmin",
+    "MirrorRejectAdmin",
     "QueueAdmin",
     "ScheduleAdmin",
     "ScheduleForm",

@@ -43,6 +43,34 @@ def has_mirror() -> bool:
     return jobq_settings()["BACKEND"] != "database"
 
 
+def mirror_banner() -> str | None:
+    """The warning shown on the admin's job pages while the rows are more than
+    ``MIRROR["LAG_WARNING"]`` seconds behind Redis, or while the mirror has set jobs aside;
+    None when the rows are current (or are the state: database backend)."""
+    from .. import mirror_check
+    from ..models import MirrorReject
+
+    if not has_mirror():
+        return None
+    conf = jobq_settings()["MIRROR"]
+    try:
+        lag, backlog = mirror_check.lag(get_storage(), queue_names())
+        rejected = MirrorReject.objects.using(jobs_alias()).count() if lag is not None else 0
+    except Exception as exc:  # Redis down: the pages say so where they read it
+        logger.warning("mirror lag not readable: %s", exc)
+        return None
+    parts = []
+    if lag is not None and lag > conf["LAG_WARNING"]:
+        parts.append(
+            f"The job rows are {duration(lag * 1000)} behind Redis ({backlog} events not "
+            "written yet): lists and history may be out of date; live counts and job states "
+            "come from Redis."
+        )
+    if rejected:
+        parts.append(f"{rejected} jobs could not be written to the rows (see Mirror rejects).")
+    return " ".join(parts) or None
+
+
 def queue_for(name: str) -> Queue:
     """The Queue API object for a queue name taken from a URL or a row (validated first)."""
     return get_queue(validate_queue_name(name))

@@ -14,7 +14,15 @@ from ..job import ms_to_datetime
 from ..models import Job, Schedule
 from ..states import JobState
 from .actions import ACTIONS
-from .common import decode_blob, duration, has_mirror, jobs_alias, pretty, queue_for
+from .common import (
+    decode_blob,
+    duration,
+    has_mirror,
+    jobs_alias,
+    mirror_banner,
+    pretty,
+    queue_for,
+)
 
 #: The timeline shows at most this many events (a job retried for days can have thousands).
 TIMELINE_LIMIT = 500
@@ -56,7 +64,8 @@ def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
         "events": list(job.events.using(jobs_alias()).order_by("-at", "-id")[:TIMELINE_LIMIT]),
         "timing": _timing(job),
         "related": related(job, meta),
-        "actions": _actions(request, job),
+        "actions": _actions(request, job, live.state if live is not None else None),
+        "mirror_banner": mirror_banner(),
     }
 
 
@@ -137,11 +146,16 @@ def _flow_links(meta: dict[str, Any], alias: str) -> list[tuple[str, str, str]]:
     return links
 
 
-def _actions(request: HttpRequest, job: Job) -> list[tuple[str, str, str]]:
-    """(name, label, url) of each action allowed to this user and sensible in this state."""
+def _actions(
+    request: HttpRequest, job: Job, live_state: JobState | None = None
+) -> list[tuple[str, str, str]]:
+    """(name, label, url) of each action allowed to this user and sensible in the job's
+    state: the storage's state when it could be read (with Redis the row may trail it by the
+    mirror's lag, and Cancel on a job Redis already completed would only be refused)."""
+    state = live_state if live_state is not None else job.state
     out = []
     for name, spec in ACTIONS.items():
-        if job.state in ACTION_STATES[name] and request.user.has_perm(spec.perm):
+        if state in ACTION_STATES[name] and request.user.has_perm(spec.perm):
             url = reverse("admin:django_jobq_job_act", args=[job.pk, name])
             out.append((name, spec.label, url))
     return out

@@ -25,7 +25,7 @@ from ..models import Job
 from ..states import JobState
 from . import detail
 from .actions import ACTIONS, bulk_action, confirm_page, parse_extra, perform, record
-from .common import duration, jobs_alias, queue_names
+from .common import duration, jobs_alias, mirror_banner, queue_names
 from .listing import (
     STATE_COLORS,
     CreatedWithinFilter,
@@ -160,6 +160,12 @@ class JobAdmin(admin.ModelAdmin):
             )
         ]
         return own + super().get_urls()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "mirror_banner": mirror_banner()}
+        return super().changelist_view(request, context)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "",

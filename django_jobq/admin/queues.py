@@ -15,6 +15,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -24,10 +25,19 @@ from django.views.decorators.http import require_POST
 
 from ..conf import get_storage
 from ..errors import ValidationError as RefusedInput
+from ..job import ms_to_datetime
 from ..models import Job
 from ..states import JobState
 from .charts import finished_counts, history_charts, queue_charts
-from .common import QUEUE_CHANGE_PERM, age, has_mirror, jobs_alias, queue_for, queue_names
+from .common import (
+    QUEUE_CHANGE_PERM,
+    age,
+    has_mirror,
+    jobs_alias,
+    mirror_banner,
+    queue_for,
+    queue_names,
+)
 from .workers import live_workers
 
 #: Auto-refresh periods offered on the queue pages (seconds); anything else means off.
@@ -85,13 +95,7 @@ def queue_row(
     completed = finished.get(JobState.COMPLETED.value, 0)
     failed = finished.get(JobState.FAILED.value, 0)
     ended = completed + failed
-    oldest = (
-        Job.objects.using(jobs_alias())
-        .filter(queue=name, state=JobState.QUEUED)
-        .order_by("created_at")
-        .values_list("created_at", flat=True)
-        .first()
-    )
+    oldest = _oldest_waiting(name, row)
     row.update(
         completed_hour=completed,
         failed_hour=failed,
@@ -151,6 +155,7 @@ class QueueAdmin(admin.ModelAdmin):
             "rows": rows,
             "workers_error": workers_error,
             "backend": type(get_storage()).__name__,
+            "mirror_banner": mirror_banner(),
         }
         return TemplateResponse(request, "admin/django_jobq/queues/overview.html", context)
 
@@ -189,6 +194,28 @@ class QueueAdmin(admin.ModelAdmin):
         if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
             back = reverse("admin:django_jobq_queueconfig_changelist")
         return HttpResponseRedirect(back)
+
+
+def _oldest_waiting(name: str, row: dict[str, Any]) -> dt.datetime | None:
+    """When the longest-waiting queued job became runnable, from where the row's counts come
+    from (the storage with Redis, the rows with the database backend), so that it agrees with
+    them: no waiting job next to a count of 0 queued."""
+    if not row.get("counts", {}).get(JobState.QUEUED.value):
+        return None
+    storage = get_storage()
+    if has_mirror() and hasattr(storage, "oldest_waiting_ms"):
+        try:
+            return ms_to_datetime(storage.oldest_waiting_ms(name))
+        except Exception:  # Redis down: the row already shows the error
+            return None
+    return (
+        Job.objects.using(jobs_alias())
+        .filter(queue=name, state=JobState.QUEUED)
+        .annotate(since=Coalesce("run_at", "created_at"))
+        .order_by("since")
+        .values_list("since", flat=True)
+        .first()
+    )
 
 
 def _one(counted: dict[str, dict[str, int]] | None, name: str) -> dict[str, int] | None:

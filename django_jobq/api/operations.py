@@ -18,9 +18,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .. import mirror_check
 from ..conf import get_storage, jobq_settings
 from ..job import ms_to_datetime
-from ..models import Job, JobEvent, Schedule
+from ..models import Job, MirrorReject, Schedule
 from ..queue import get_queue
 from ..schedules import fire_now, validate_schedule
 from ..states import JobState
@@ -97,8 +98,16 @@ class ScheduleRunView(JobQView):
 # -- health -----------------------------------------------------------------------------------
 
 
-def oldest_waiting(alias: str) -> dict[str, float]:
-    """Seconds the longest-waiting runnable job of each queue has waited (since it was due)."""
+def oldest_waiting(storage: Storage, alias: str, queues: list[str]) -> dict[str, float]:
+    """Seconds the longest-waiting runnable job of each queue has waited (since it was due).
+
+    With Redis from the storage itself, like the counts beside it (the mirror's rows may lag,
+    and a queue the counts call empty must not show a waiting job); with the database
+    backend from the rows, which are the state."""
+    now_ms = time.time() * 1000
+    if hasattr(storage, "oldest_waiting_ms"):
+        ages = {name: storage.oldest_waiting_ms(name) for name in queues}
+        return {n: round(max(0.0, (now_ms - ms) / 1000), 3) for n, ms in ages.items() if ms}
     now = timezone.now()
     rows = (
         Job.objects.using(alias).filter(state=JobState.QUEUED).values("queue")
@@ -107,21 +116,11 @@ def oldest_waiting(alias: str) -> dict[str, float]:
     return {r["queue"]: round(max(0.0, (now - r["since"]).total_seconds()), 3) for r in rows}
 
 
-def mirror_lag(storage: Storage, queues: list[str], alias: str) -> float | None:
-    """Age of the oldest event the mirror has not written yet, over all queues (Redis only):
-    the next stream event after the newest mirrored one. 0 when it is up to date."""
-    if not hasattr(storage, "read_group") or not jobq_settings()["MIRROR"]["ENABLED"]:
+def mirror_rejected(storage: Storage, alias: str) -> int | None:
+    """Jobs the mirror set aside because the database refused their rows (Redis only)."""
+    if not hasattr(storage, "group_backlog") or not jobq_settings()["MIRROR"]["ENABLED"]:
         return None
-    now, lag = time.time() * 1000, 0.0
-    for name in queues:
-        last = (
-            JobEvent.objects.using(alias).filter(queue=name).exclude(stream_id="")
-            .order_by("-id").values_list("stream_id", flat=True).first()
-        )  # fmt: skip
-        pending = storage.read_events(name, after=last or "0", count=1)
-        if pending:
-            lag = max(lag, (now - pending[0].at) / 1000)
-    return round(lag, 3)
+    return MirrorReject.objects.using(alias).count()
 
 
 def redis_memory(storage: Storage) -> dict[str, Any] | None:
@@ -138,13 +137,14 @@ def health_report() -> tuple[dict[str, Any], bool]:
     conf = jobq_settings()
     report: dict[str, Any] = {
         "status": "ok", "backend": conf["BACKEND"], "storage_reachable": True, "workers": None,
-        "queues": [], "mirror_lag_seconds": None, "memory": None,
+        "queues": [], "mirror_lag_seconds": None, "mirror_backlog_events": None,
+        "mirror_rejected": None, "memory": None,
     }  # fmt: skip
     try:
         queues = known_queues()
         report["workers"] = len(storage.list_workers())
         alias = rows_alias()
-        ages = oldest_waiting(alias)
+        ages = oldest_waiting(storage, alias, queues)
         for name in queues:
             q = get_queue(name)
             counts = q.counts()
@@ -153,7 +153,9 @@ def health_report() -> tuple[dict[str, Any], bool]:
                 "waiting": counts.get(JobState.QUEUED, 0),
                 "oldest_waiting_seconds": ages.get(name),
             })  # fmt: skip
-        report["mirror_lag_seconds"] = mirror_lag(storage, queues, alias)
+        lag, backlog = mirror_check.lag(storage, queues)
+        report.update(mirror_lag_seconds=lag, mirror_backlog_events=backlog)
+        report["mirror_rejected"] = mirror_rejected(storage, alias)
         report["memory"] = redis_memory(storage)
     except STORAGE_ERRORS:
         report.update(status="unavailable", storage_reachable=False)

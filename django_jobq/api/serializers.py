@@ -255,6 +255,14 @@ class HealthSerializer(serializers.Serializer):
     workers = serializers.IntegerField(allow_null=True)
     queues = HealthQueueSerializer(many=True)
     mirror_lag_seconds = serializers.FloatField(
-        allow_null=True, help_text="age of the oldest event not yet mirrored (Redis only)"
+        allow_null=True,
+        help_text="age of the oldest event not yet written to the models, 0 when none (Redis only)",
+    )
+    mirror_backlog_events = serializers.IntegerField(
+        allow_null=True, help_text="events not yet written to the models (Redis only)"
+    )
+    mirror_rejected = serializers.IntegerField(
+        allow_null=True,
+        help_text="jobs the mirror set aside because the database refused them (Redis only)",
     )
     memory = serializers.DictField(allow_null=True, help_text="Redis memory use (Redis only)")

@@ -134,8 +134,28 @@ def _failure_call(queue: str, f: Sequence[Any]) -> FailureCall:
 
 
 def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
-    f = {_s(a): _s(b) for a, b in fields.items()}
-    return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+    """An entry as an ``Event``. Entries are written by our scripts, but a stream is a plain
+    key anyone may XADD to: a malformed entry (no job, an ``at`` that is not a number, bytes
+    that are not UTF-8) becomes an event with what could be read (``at`` from the entry id,
+    a missing job as ""), so that one bad entry never makes every read of the stream fail."""
+    try:
+        f = {_s(a): _s(b) for a, b in fields.items()}
+        return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+    except (KeyError, ValueError):  # UnicodeDecodeError is a ValueError
+        return _odd_event(queue, event_id, fields)
+
+
+def _odd_event(queue: str, event_id: bytes | str, fields: dict) -> Event:
+    def text(value: bytes | str) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+    f = {text(a): text(b) for a, b in fields.items()}
+    eid = text(event_id)
+    try:
+        at = int(f["at"])
+    except (KeyError, ValueError):
+        at = _stream_id(eid)[0]
+    return Event(eid, queue, f.get("job", ""), f.get("kind", ""), at, f.get("worker"))
 
 
 def _stream_id(value: str) -> tuple[int, int]:
@@ -661,6 +681,39 @@ class RedisStorage(Storage):
             for i, job_id in enumerate(job_ids)
         }
 
+    def oldest_waiting_ms(self, queue: str, sample: int = 100) -> int | None:
+        """Epoch ms since which the longest-waiting queued job has been runnable (its
+        ``run_at``, else its creation), or None when nothing is queued. Read from the head of
+        the line (``sample`` ids in claim order): within a priority the line is FIFO, so
+        the head holds the oldest job of each priority it reaches."""
+        k = self.keys(queue)
+        ids = self.client.zrange(k.queued, 0, sample - 1)
+        if not ids:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        for raw in ids:
+            pipe.hmget(k.job(_s(raw)), "created", "run_at")
+        times = [max(_i(c), _i(r)) for c, r in pipe.execute() if c is not None]
+        return min(times) if times else None
+
+    def head_ids(self, queue: str, n: int) -> list[str]:
+        """The first ``n`` ids of the queued line and of the active set (the mirror check's
+        sample of jobs that are moving)."""
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(k.queued, 0, n - 1)
+        pipe.zrange(k.active, 0, n - 1)
+        return [_s(raw) for ids in pipe.execute() for raw in ids]
+
+    def created_times(self, queue: str, job_ids: Sequence[str]) -> list[int]:
+        """Creation time (epoch ms) of each id, 0 where the record is gone: one pipelined
+        HGET per id, so the mirror can write a resync in creation order."""
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(k.job(job_id), "created")
+        return [_i(raw) for raw in pipe.execute()]
+
     def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
         """One pipelined HGET per id: the state field only, never the payload."""
         k = self.keys(queue)
@@ -899,13 +952,21 @@ class RedisStorage(Storage):
     # Redis-only: a consumer group remembers what it has read and what is acknowledged, so the
     # mirror misses nothing across restarts and several mirrors share the work.
 
-    def ensure_group(self, queue: str, group: str) -> None:
-        """Create ``group`` on the queue's stream, reading from its first event on."""
+    def ensure_group(self, queue: str, group: str) -> bool:
+        """Create ``group`` on the queue's stream, reading from its first event on. True when
+        it had to be created (first start, or the stream was lost: flush, restart, obliterate)."""
         try:
             self.client.xgroup_create(self.keys(queue).events, group, id="0", mkstream=True)
         except Exception as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+            return False
+        return True
+
+    def server_id(self) -> str:
+        """The Redis server's ``run_id``: it changes when the server restarts, which may have
+        lost or rolled back any key (the mirror resyncs when it sees a new one)."""
+        return _s(self.client.info("server")["run_id"])
 
     def read_group(
         self,
@@ -916,8 +977,13 @@ class RedisStorage(Storage):
         count: int = 1000,
         block: float | None = None,
         pending: bool = False,
+        lost: list[str] | None = None,
     ) -> list[Event]:
-        """New events for this consumer (or, with ``pending``, those it read but never acked)."""
+        """New events for this consumer (or, with ``pending``, those it read but never acked).
+
+        A pending entry the stream cap trimmed comes back without fields: it can never be
+        read again, so its id is appended to ``lost`` (when given) for the caller to ack and
+        to heal the gap it leaves."""
         streams = {self.keys(q).events: ("0" if pending else ">") for q in queues}
         by_key = {self.keys(q).events: q for q in queues}
         if not block:
@@ -932,8 +998,10 @@ class RedisStorage(Storage):
         for stream, entries in reply or []:
             queue = by_key[_s(stream)]
             for event_id, fields in entries:
-                if fields:  # an acked-then-trimmed pending entry comes back empty
+                if fields:
                     events.append(_event(queue, event_id, fields))
+                elif lost is not None:  # a pending entry trimmed before it was acked
+                    lost.append(_s(event_id))
         return events
 
     def ack_events(self, queue: str, group: str, event_ids: Sequence[str]) -> None:
@@ -966,6 +1034,68 @@ class RedisStorage(Storage):
         # Redis could not count for us: lost if the oldest surviving entry is past our place.
         first = _s(info.get("recorded-first-entry-id") or "0-0")
         return _stream_id(first) > _stream_id(_s(groups[group]["last-delivered-id"]))
+
+    def group_backlog(self, queue: str, group: str) -> tuple[int, int | None]:
+        """(events the group has not acknowledged, epoch ms of the oldest of them or None).
+
+        Both halves count: entries delivered but not acked (a batch being written, or a dead
+        consumer's) and entries not delivered yet. Entry ids carry the server time they were
+        added at, so the age needs no read of the entries' fields. Without the group (the
+        stream was lost, or the mirror never ran) everything in the stream is behind."""
+        key = self.keys(queue).events
+        try:
+            info = self.client.xinfo_stream(key)
+        except Exception as exc:
+            if "no such key" in str(exc).lower():
+                return 0, None
+            raise
+        groups = {_s(g["name"]): g for g in self.client.xinfo_groups(key)}
+        first = info.get("first-entry")
+        if group not in groups:
+            return int(info["length"]), _stream_id(_s(first[0]))[0] if first else None
+        g = groups[group]
+        oldest: list[int] = []
+        pending = 0
+        if g["pending"]:  # read again: a batch may have been acked since XINFO
+            summary = self.client.xpending(key, group)
+            pending = int(summary["pending"])
+            if pending:
+                oldest.append(_stream_id(_s(summary["min"]))[0])
+        after = "(" + _s(g["last-delivered-id"])
+        nxt = self.client.xrange(key, min=after, max="+", count=1)
+        undelivered = g.get("lag")
+        if nxt:
+            oldest.append(_stream_id(_s(nxt[0][0]))[0])
+            if undelivered is None:  # Redis cannot count past a trim: count what is there
+                undelivered = len(self.client.xrange(key, min=after, max="+"))
+        return pending + int(undelivered or 0), min(oldest) if oldest else None
+
+    def stream_position(self, queue: str) -> tuple[str, int]:
+        """(newest entry id, entries ever added) of the queue's stream, read in one reply."""
+        try:
+            info = self.client.xinfo_stream(self.keys(queue).events)
+        except Exception as exc:
+            if "no such key" in str(exc).lower():
+                return "0-0", 0
+            raise
+        return _s(info["last-generated-id"]), int(info["entries-added"])
+
+    def set_group_position(self, queue: str, group: str, position: tuple[str, int]) -> None:
+        """Move ``group`` to ``position`` (from ``stream_position``) and acknowledge every
+        entry before it.
+
+        For the mirror right after it re-read every live record of the queue: the entries up
+        to a position taken *before* that re-read are reflected in the rows already. The
+        group's read counter is set to the stream's, so ``events_lost`` measures later trims
+        from here instead of reporting the healed gap forever."""
+        last_id, added = position
+        key = self.keys(queue).events
+        self.client.execute_command("XGROUP", "SETID", key, group, last_id, "ENTRIESREAD", added)
+        while True:  # entries delivered before the skip and never acked: covered too
+            stale = self.client.xpending_range(key, group, min="-", max=last_id, count=1000)
+            if not stale:
+                return
+            self.client.xack(key, group, *[p["message_id"] for p in stale])
 
     def scan_job_ids(self, queue: str, count: int = 1000) -> Iterator[str]:
         """Every job id with a live record in ``queue`` (SCAN: slow, for resyncs only)."""

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobq", "0010_journal"),
+        ("django_jobq", "0011_mirror_rejects"),
     ]
 
     operations = [

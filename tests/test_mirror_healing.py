@@ -1,0 +1,237 @@
+"""The mirror heals itself and tells the truth: a job the database refuses is set aside
+without holding back the others, gaps found while running are resynced in creation order,
+the lag is measured on what is not written yet, and the reconciliation check repairs rows
+that differ from Redis. Real Redis; rows in SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+
+from django_jobq.job import JobOptions, NewJob
+from django_jobq.mirror import GROUP, Mirror
+from django_jobq.mirror_check import check, lag
+from django_jobq.models import Job, MirrorReject
+from django_jobq.storage.redis.storage import RedisStorage
+
+pytestmark = pytest.mark.redis
+Q = "heal-q"
+
+
+@pytest.fixture(params=["default", "pg"])
+def db_alias(request):
+    return request.param
+
+
+@pytest.fixture
+def storage(redis_client, redis_prefix) -> RedisStorage:
+    return RedisStorage(redis_client, prefix=redis_prefix)
+
+
+@pytest.fixture
+def mirror(storage, db_alias) -> Mirror:
+    m = Mirror(storage, queues=[Q], using=db_alias, consumer="m1")
+    m.queues()  # group created before any event
+    return m
+
+
+def enqueue(storage, *ids):
+    storage.enqueue_many(Q, [NewJob(i, b"{}", JobOptions()) for i in ids])
+
+
+def rows(alias):
+    return dict(Job.objects.using(alias).filter(queue=Q).values_list("job_id", "state"))
+
+
+def test_a_job_the_database_refuses_is_set_aside_and_the_others_are_mirrored(
+    storage, mirror, db_alias
+):
+    enqueue(storage, "a", "bad", "c")
+    # An old or hostile writer: a non-finite float stored as progress, announced by an event.
+    storage.client.hset(storage.keys(Q).job("bad"), "progress", "Infinity")
+    storage.client.xadd(storage.keys(Q).events, {"job": "bad", "kind": "progress", "at": "1"})
+    mirror.drain()
+    assert rows(db_alias) == {"a": "queued", "c": "queued"}
+    reject = MirrorReject.objects.using(db_alias).get(queue=Q, job_id="bad")
+    assert reject.events == 2 and reject.error  # its two entries, and what the database said
+    assert mirror.rejected == 1
+    assert storage.group_backlog(Q, GROUP) == (0, None)  # acknowledged: nothing is wedged
+
+    enqueue(storage, "d")  # later batches keep flowing
+    mirror.drain()
+    assert rows(db_alias)["d"] == "queued"
+
+
+def test_malformed_stream_entries_do_not_stop_the_mirror(storage, mirror, db_alias):
+    enqueue(storage, "a")
+    events = storage.keys(Q).events
+    storage.client.xadd(events, {"junk": "no job named"})
+    storage.client.xadd(events, {"job": "a", "kind": "progress", "at": "not-a-number"})
+    storage.client.xadd(events, {"job": "x" * 500, "kind": "queued", "at": "1"})
+    enqueue(storage, "b")
+    mirror.drain()
+    assert rows(db_alias) == {"a": "queued", "b": "queued"}
+    assert MirrorReject.objects.using(db_alias).filter(queue=Q, job_id="").exists()
+    assert storage.group_backlog(Q, GROUP) == (0, None)
+
+
+def test_trimmed_entries_are_healed_while_running_in_creation_order(
+    redis_client, redis_prefix, db_alias
+):
+    storage = RedisStorage(redis_client, prefix=redis_prefix, events_maxlen=10)
+    mirror = Mirror(storage, queues=[Q], using=db_alias, consumer="m1", gap_check_interval=0)
+    mirror.queues()  # running: joined while the stream was empty
+    enqueue(storage, *[f"j{i:03}" for i in range(300)])
+    assert storage.events_lost(Q, GROUP)
+    mirror.run_once()  # the running loop finds the gap, not a restart
+    assert mirror.resyncs == 1
+    mirror.drain()
+    assert set(rows(db_alias).values()) == {"queued"} and len(rows(db_alias)) == 300
+    by_pk = list(Job.objects.using(db_alias).filter(queue=Q).order_by("pk")
+                 .values_list("job_id", flat=True))  # fmt: skip
+    assert by_pk == sorted(by_pk)  # created in this order, listed in this order
+    assert not storage.events_lost(Q, GROUP)  # healed: not resynced again on every check
+    mirror.check_gaps()
+    assert mirror.resyncs == 1
+
+
+def test_a_lost_stream_is_noticed_while_running(storage, mirror, db_alias):
+    enqueue(storage, "a")
+    mirror.drain()
+    storage.client.delete(storage.keys(Q).events)  # flushed, group and all
+    enqueue(storage, "b")
+    assert mirror.check_gaps() == [Q]
+    mirror.drain()
+    assert rows(db_alias) == {"a": "queued", "b": "queued"}
+
+
+def test_a_batch_that_fails_in_the_middle_is_read_again(storage, mirror, db_alias, monkeypatch):
+    enqueue(storage, "a", "b")
+    original = mirror._store
+
+    def crash(*args, **kwargs):
+        original(*args, **kwargs)
+        raise ConnectionError("killed mid-batch")  # after the writes, before the commit
+
+    monkeypatch.setattr(mirror, "_store", crash)
+    with pytest.raises(ConnectionError):
+        mirror.run_once()
+    monkeypatch.undo()
+    assert rows(db_alias) == {}  # rolled back, not acknowledged
+    assert storage.group_backlog(Q, GROUP)[0] == 2
+    restarted = Mirror(storage, queues=[Q], using=db_alias, consumer="m1")
+    restarted.drain()
+    assert rows(db_alias) == {"a": "queued", "b": "queued"}
+
+
+def test_lag_is_the_age_of_the_oldest_event_not_written(storage, mirror, db_alias, settings):
+    settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True}}
+    assert lag(storage, [Q]) == (0.0, 0)
+    enqueue(storage, "a", "b")
+    age, backlog = lag(storage, [Q])
+    assert backlog == 2 and age > 0  # behind, even within the millisecond of the event
+    # Delivered but not written (a batch in flight, or failing): still behind.
+    storage.read_group([Q], GROUP, "m1", count=10)
+    assert lag(storage, [Q])[1] == 2
+    Mirror(storage, queues=[Q], using=db_alias, consumer="m1").drain()  # m1, restarted
+    assert lag(storage, [Q]) == (0.0, 0)
+
+
+def test_the_check_repairs_rows_that_differ_from_redis(storage, mirror, db_alias):
+    enqueue(storage, "a", "b", "c")
+    mirror.drain()
+    Job.objects.using(db_alias).filter(job_id="b").update(state="completed")
+    Job.objects.using(db_alias).filter(job_id="c").delete()
+    [report] = check(mirror, [Q], repair=False)
+    assert not report.consistent
+    assert report.redis_counts["queued"] == 3 and report.row_counts["queued"] == 1
+    [report] = check(mirror, [Q])
+    assert report.repaired == 3
+    assert rows(db_alias) == {"a": "queued", "b": "queued", "c": "queued"}
+    assert check(mirror, [Q])[0].consistent
+
+
+def test_jobq_mirror_check_command(storage, db_alias, settings, capsys):
+    settings.JOBQ = {
+        "BACKEND": "redis", "REDIS_URL": settings.REDIS_URL, "PREFIX": storage.prefix,
+        "MIRROR": {"DATABASE_ALIAS": db_alias},
+    }  # fmt: skip
+    Mirror(queues=[Q], using=db_alias).queues()
+    enqueue(storage, "a")
+    Mirror(queues=[Q], using=db_alias).drain()
+    call_command("jobq_mirror_check", Q)
+    assert "consistent" in capsys.readouterr().out
+    Job.objects.using(db_alias).filter(job_id="a").delete()
+    with pytest.raises(SystemExit):
+        call_command("jobq_mirror_check", Q)
+    assert "repaired" in capsys.readouterr().out
+    assert rows(db_alias) == {"a": "queued"}
+
+
+# -- SQLite: the project's own writes while the mirror writes -----------------------------------
+
+
+@pytest.mark.parametrize("db_alias", ["default"])
+def test_a_user_write_is_not_refused_while_the_mirror_writes(storage, db_alias, monkeypatch):
+    """With immediate transactions (what the system check asks for), a read-then-write
+    transaction of the project waits for the mirror's short ones instead of failing."""
+    import threading
+
+    from django.db import connections
+
+    from django_jobq.models import Schedule
+
+    options = connections["default"].settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "transaction_mode", "IMMEDIATE")  # new connections only
+    mirror = Mirror(storage, queues=[Q], using="default", consumer="m1", block=0.05)
+    mirror.queues()
+    thread = mirror.start()
+    errors: list[Exception] = []
+    writes = [0]
+
+    def user() -> None:
+        try:
+            for i in range(150):
+                Schedule.objects.update_or_create(name="nightly", defaults={"interval": i + 1})
+                writes[0] += 1
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=user)
+    writer.start()
+    n = 0
+    while writer.is_alive():  # the mirror keeps committing meanwhile
+        enqueue(storage, *[f"j{n + i}" for i in range(100)])
+        n += 100
+    mirror.stop()
+    thread.join(30)
+    assert errors == [] and writes[0] == 150
+    assert mirror.lag.written > 0  # the mirror did write while the user did
+
+
+def test_the_system_check_warns_of_sqlite_without_immediate_transactions(settings):
+    from django_jobq.checks import mirror_sqlite_check
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "MIRROR": {"ENABLED": True}}
+    [warning] = mirror_sqlite_check(None)
+    assert warning.id == "django_jobq.W001"
+    settings.DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    try:
+        assert mirror_sqlite_check(None) == []
+    finally:
+        del settings.DATABASES["default"]["OPTIONS"]["transaction_mode"]
+
+
+def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
+    from django_jobq.reaper import Reaper
+
+    settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}
+    reaper = Reaper([Q], storage=storage, schedules=False)
+    assert reaper.mirror_check_interval == 600.0
+    enqueue(storage, "a")
+    reaper.mirror.drain()
+    Job.objects.using(db_alias).filter(job_id="a").delete()
+    reaper.check_mirror()
+    assert rows(db_alias) == {"a": "queued"}
