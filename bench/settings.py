@@ -31,5 +31,26 @@ JOBQ = {
     "BACKEND": "redis",
     "REDIS_URL": os.environ.get("JOBQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "PREFIX": os.environ.get("JOBQ_BENCH_PREFIX", "jobqbench"),
+    # JOBQ_BENCH_METRICS=1: every process counts its job signals (the cost of the metrics).
+    "METRICS": {"ENABLED": os.environ.get("JOBQ_BENCH_METRICS") == "1"},
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+if os.environ.get("JOBQ_BENCH_TRACING", "0") != "0":
+    # bench.observability --mode tracing[-sampled]: a real SDK provider (sampling every trace,
+    # or the given ratio of root traces) whose batch processor hands spans to an exporter that
+    # drops them, so the figure is django_jobq's and the SDK's cost, not a collector's.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class _Drop(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    _ratio = float(os.environ["JOBQ_BENCH_TRACING"])
+    _provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(_ratio)))
+    _provider.add_span_processor(BatchSpanProcessor(_Drop()))
+    trace.set_tracer_provider(_provider)

@@ -11,6 +11,8 @@ from .errors import (
     QueueBusy,
     RateLimited,
     Retry,
+    StorageFull,
+    StorageUnavailable,
     Timeout,
     ValidationError,
 )
@@ -57,6 +59,8 @@ __all__ = [
     "RateLimited",
     "Retry",
     "RetryOutcome",
+    "StorageFull",
+    "StorageUnavailable",
     "Timeout",
     "ValidationError",
     "get_queue",

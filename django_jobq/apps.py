@@ -18,3 +18,9 @@ class JobQConfig(AppConfig):
         from .tasks_backend import register_task_queues
 
         register_task_queues()
+        from .conf import jobq_settings
+
+        if jobq_settings()["METRICS"]["ENABLED"]:  # count job signals from start-up
+            from .metrics import install
+
+            install()

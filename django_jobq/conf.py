@@ -102,6 +102,11 @@ DEFAULTS: dict[str, Any] = {
         "UNROUTABLE_QUEUE": "celery-unroutable",  # messages that cannot run are kept here
         "PREFETCH": 100,  # unacknowledged messages the bridge holds at once
     },
+    # Prometheus metrics (django_jobq.metrics, docs/observability.md; extra "metrics").
+    "METRICS": {
+        "ENABLED": False,  # count job signals in every process from start-up
+        "ALLOWED_IPS": [],  # networks that may read the metrics view without credentials
+    },
 }
 
 BACKENDS = ("redis", "database", "memory")
@@ -114,7 +119,7 @@ OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 def jobq_settings() -> dict[str, Any]:
     user = getattr(settings, "JOBQ", {}) or {}
     merged = {**DEFAULTS, **user}
-    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY", "JOURNAL"):
+    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY", "JOURNAL", "METRICS"):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
     if merged["BACKEND"] is None:
         redis_given = merged["REDIS_URL"] or merged["REDIS_CACHE_ALIAS"]

@@ -45,6 +45,21 @@ class StorageError(JobQError):
     """The storage answered something it should never answer (a bug or a foreign write)."""
 
 
+class StorageUnavailable(JobQError):
+    """The job storage did not answer: Redis down, partitioned, timed out or still loading;
+    the database connection lost or locked past its timeout. Raised by every backend, with
+    the client's own error as ``__cause__``.
+
+    Whether the operation took effect is unknown when the reply was lost (a timeout), so
+    retry with the same job id: ids make a repeated enqueue safe."""
+
+
+class StorageFull(StorageUnavailable):
+    """Redis refused a write at ``maxmemory`` (policy ``noeviction``, the one a queue needs).
+    Nothing of the refused operation was written: each script's first write is the one
+    refused, so a retry once memory is freed is safe."""
+
+
 class JobNotFound(JobQError, LookupError):
     pass
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, transaction
 
 from .conf import jobq_settings
+from .errors import StorageFull, StorageUnavailable
 from .job import (
     Dedup,
     DedupMode,
@@ -55,14 +56,6 @@ def journal_alias() -> str:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _unreachable() -> tuple[type[BaseException], ...]:
-    """Errors that mean "Redis did not answer" (down, restarting, loading its AOF): the job
-    stays pending in the journal. BusyLoadingError is a ConnectionError in redis-py."""
-    from redis.exceptions import ConnectionError, TimeoutError
-
-    return (ConnectionError, TimeoutError)
 
 
 # -- encoding -----------------------------------------------------------------------------------
@@ -162,6 +155,27 @@ def forget_settled(
     return deleted
 
 
+def forget(
+    queue: str, accepted_before: int, job_ids: Sequence[str] | None = None, using: str | None = None
+) -> int:
+    """Delete the entries of jobs an operator deleted from Redis (``obliterate``: every id;
+    ``clean``: ``job_ids``), or ``reconcile`` would bring them back. Only entries accepted
+    up to ``accepted_before`` (epoch ms, taken before the Redis deletion started) go: an id
+    enqueued again meanwhile keeps its new entry, as its job may be in Redis again."""
+    from .models import JournalEntry
+
+    entries = JournalEntry.objects.using(using or journal_alias()).filter(
+        queue=queue, created_ms__lte=accepted_before
+    )
+    if job_ids is None:
+        return entries.delete()[0]
+    deleted = 0
+    ids = list(job_ids)
+    for start in range(0, len(ids), WRITE_CHUNK):
+        deleted += entries.filter(job_id__in=ids[start : start + WRITE_CHUNK]).delete()[0]
+    return deleted
+
+
 def _pending(job: NewJob) -> StoredEnqueue:
     later = job.delay > 0 or (job.run_at is not None and job.run_at > now_ms())
     state = JobState.SCHEDULED if later else JobState.QUEUED
@@ -191,7 +205,9 @@ def submit(
         write(queue, jobs, using)
     try:
         results = send(jobs)
-    except _unreachable() as exc:
+    except StorageFull:
+        raise  # Redis answered: it refused the write (the entry stays for reconcile)
+    except StorageUnavailable as exc:
         logger.warning(
             "%s: Redis unreachable (%s); %d job(s) kept in the journal for jobq_reconcile",
             queue, exc, len(jobs),

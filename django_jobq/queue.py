@@ -7,17 +7,18 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import envelope
+from . import envelope, signals, tracing
 from .conf import (
     OPTION_NAMES,
     get_storage,
     jobq_settings,
+    journal_in_settings,
     queue_defaults,
     queue_durability,
     validate_durability,
@@ -38,6 +39,7 @@ from .job import (
     DedupMode,
     EnqueueOutcome,
     EnqueueResult,
+    Event,
     JobOptions,
     JobRecord,
     JobResult,
@@ -63,6 +65,9 @@ from .validation import (
     validate_priority,
     validate_queue_name,
 )
+
+if TYPE_CHECKING:
+    from .storage.redis.storage import RedisStorage
 
 logger = logging.getLogger("django_jobq.queue")
 _SERDE_CACHE: dict[str, Serde] = {}
@@ -172,6 +177,10 @@ class Queue:
         max_payload_bytes: refuse serialised payloads above this size.
         durability: "redis" or "journal" (see docs/durability.md); default from the
             ``JOBQ`` setting (``QUEUES[name]["durability"]``, else ``DURABILITY``).
+
+    Every method that reaches the storage raises ``StorageUnavailable`` when it does not
+    answer (``StorageFull``: Redis at ``maxmemory``), whatever the backend; the storage
+    layer translates its client's errors, so nothing here catches redis-py's.
     """
 
     def __init__(
@@ -308,14 +317,23 @@ class Queue:
 
         See docs/scheduling.md for the exact rules.
         """
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                return self.submit(job)
         return self.submit(self.build(job_id, payload, **options))
 
     def submit(self, job: NewJob) -> EnqueueResult:
         """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
         if self.journaled:
-            return self._public(self._journal([job])[0])
-        self._register()
-        return self._public(self.storage.enqueue(self.name, job))
+            stored = self._journal([job])[0]
+        else:
+            self._register()
+            stored = self.storage.enqueue(self.name, job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
+        return self._public(stored)
 
     @property
     def journaled(self) -> bool:
@@ -361,7 +379,9 @@ class Queue:
 
         def send() -> None:
             self._register()
-            self.storage.enqueue(self.name, job)
+            stored = self.storage.enqueue(self.name, job)
+            if signals.job_enqueued.receivers:
+                signals.enqueued(Queue, self.name, [stored])
 
         transaction.on_commit(send, using=using)
         return job.job_id
@@ -372,20 +392,33 @@ class Queue:
         """Enqueue many jobs in pipelined batches; each item is ``(job_id, payload)`` or a dict
         with ``id``, ``payload`` and options. Every item is validated before anything is sent,
         so one bad item refuses the whole call and writes nothing."""
+        if tracing.active():
+            items = list(jobs)
+            with tracing.producer_span(self.name, len(items)) as (_, carrier):
+                return self._enqueue_many(items, carrier)
+        return self._enqueue_many(jobs, {})
+
+    def _enqueue_many(
+        self, jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]], trace: dict[str, str]
+    ) -> list[EnqueueResult]:
         built = []
         for item in jobs:
             if isinstance(item, Mapping):
-                spec = dict(item)
+                spec = _with_trace(dict(item), trace)
                 built.append(self.build(spec.pop("id", None), spec.pop("payload", None), **spec))
             else:
                 job_id, payload = item
-                built.append(self.build(job_id, payload))
+                built.append(self.build(job_id, payload, **_with_trace({}, trace)))
         if not built:
             return []
         if self.journaled:
-            return [self._public(s) for s in self._journal(built)]
-        self._register()
-        return [self._public(s) for s in self.storage.enqueue_many(self.name, built)]
+            stored = self._journal(built)
+        else:
+            self._register()
+            stored = self.storage.enqueue_many(self.name, built)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, stored)
+        return [self._public(s) for s in stored]
 
     def enqueue_and_wait(
         self, job_id: str | None = None, payload: Any = None, *, timeout: float, **options: Any
@@ -405,12 +438,16 @@ class Queue:
             # A blocked successor has no outcome until an unrelated run finishes; a caller
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.
             raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
-        job = self.build(job_id, payload, waiter=True, **options)
-        if self.journaled:
-            stored = self._journal_and_send(job)
+        if tracing.active():
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, waiter=True, **_with_trace(options, carrier))
+                span.set_attribute("messaging.message.id", job.job_id)
+                stored = self._store_waited(job)
         else:
-            self._register()
-            stored = self.storage.enqueue(self.name, job)
+            job = self.build(job_id, payload, waiter=True, **options)
+            stored = self._store_waited(job)
+        if signals.job_enqueued.receivers:
+            signals.enqueued(Queue, self.name, [stored])
         if stored.state is JobState.COMPLETED:
             return self.serde_loads(stored.result)
         if stored.state in (JobState.FAILED, JobState.CANCELLED):
@@ -421,6 +458,12 @@ class Queue:
         if outcome.state is JobState.COMPLETED:
             return self.serde_loads(outcome.result)
         raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    def _store_waited(self, job: NewJob) -> StoredEnqueue:
+        if self.journaled:
+            return self._journal_and_send(job)
+        self._register()
+        return self.storage.enqueue(self.name, job)
 
     def _journal_and_send(self, job: NewJob) -> StoredEnqueue:
         """enqueue_and_wait in journal mode: the wait needs the job in Redis now, so inside a
@@ -449,7 +492,11 @@ class Queue:
         cannot kill a thread, so there it stays cooperative); the attempt then ends
         ``cancelled`` whatever the handler returns. Otherwise why not: ``not_found``,
         ``completed``, ``failed``."""
-        return self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        outcome = self.storage.request_cancel(self.name, validate_job_id(job_id), force=force)
+        if outcome is CancelOutcome.CANCELLED and signals.job_cancelled.receivers:
+            signals.send(signals.job_cancelled, Queue, queue=self.name, job_id=job_id,
+                         worker_id=None)  # fmt: skip
+        return outcome
 
     def change_run_at(
         self,
@@ -514,7 +561,12 @@ class Queue:
     def purge_dead(self, job_ids: Iterable[str] | None = None) -> int:
         """Delete dead letters (the given ids, or all); their ids can be enqueued again."""
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
-        return self.storage.purge_dead(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.purge_dead(self.name, ids)
+        return self._forget_journaled(
+            started, self._journal_storage().purge_dead_ids(self.name, ids)
+        )
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -608,19 +660,57 @@ class Queue:
             raise InvalidOption(f"states: {exc}") from None
         if not chosen or any(s not in TERMINAL_STATES for s in chosen):
             raise InvalidOption("clean only removes finished jobs: completed, failed, cancelled")
-        return self.storage.clean(
-            self.name, _duration_ms("older_than", older_than), chosen,
-            validate_positive_int("limit", limit),
-        )  # fmt: skip
+        age, limit = _duration_ms("older_than", older_than), validate_positive_int("limit", limit)
+        started = self._journal_clock()
+        if started is None:
+            return self.storage.clean(self.name, age, chosen, limit)
+        return self._forget_journaled(
+            started, self._journal_storage().clean_ids(self.name, age, chosen, limit)
+        )
 
     def obliterate(self, *, force: bool = False) -> int:
         """Delete the queue and everything in it. Refuses while jobs run unless ``force``
-        (their workers' verdicts are then refused). Returns how many jobs were deleted."""
+        (their workers' verdicts are then refused). Returns how many jobs were deleted.
+
+        With Redis, the queue's journal entries are deleted once Redis's keys are (an entry
+        left behind would make ``jobq_reconcile`` re-create the job). Should Redis fail half
+        way, the entries stay until obliterate is called again and completes."""
+        started = self._journal_clock()
         removed = self.storage.obliterate(self.name, force=_flag("force", force))
         self._registered = False
+        if started is not None:
+            from .journal import forget
+
+            forget(self.name, started)
         if hasattr(self.storage, "read_group"):  # a backend with a model mirror (Redis)
             self._forget_mirror_rows()
         return removed
+
+    # Deleting jobs of a project that uses the journal deletes their journal entries too, even
+    # through a Queue object not in journal mode: an entry left behind would make reconcile
+    # re-create a job an operator deleted. The storage's ``*_ids`` variants say which jobs
+    # went. A project without the journal never touches its table (like the reaper).
+
+    def _journal_clock(self) -> int | None:
+        """Now (the journal's clock, epoch ms) when the journal applies, else None."""
+        if not self.storage.supports_journal or not (self.journaled or journal_in_settings()):
+            return None
+        from .journal import now_ms
+
+        return now_ms()
+
+    def _journal_storage(self) -> RedisStorage:
+        from .storage.redis.storage import RedisStorage
+
+        assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
+        return self.storage
+
+    def _forget_journaled(self, started: int, job_ids: list[str]) -> int:
+        """Delete the entries of ``job_ids``, just deleted from Redis; returns how many jobs."""
+        from .journal import forget
+
+        forget(self.name, started, job_ids)
+        return len(job_ids)
 
     def _forget_mirror_rows(self, job_ids: list[str] | None = None) -> None:
         """The model mirror of a Redis queue is what the admin shows: an obliterated queue (or
@@ -674,7 +764,12 @@ class Queue:
         (cancel them first). Returns how many were deleted. The model mirror's rows of these
         jobs are removed too, since no event will tell it."""
         ids = [validate_job_id(job_id) for job_id in job_ids]
-        deleted = self.storage.delete_finished(self.name, ids)
+        started = self._journal_clock()
+        if started is None:
+            deleted = self.storage.delete_finished(self.name, ids)
+        else:
+            gone = self._journal_storage().delete_finished_ids(self.name, ids)
+            deleted = self._forget_journaled(started, gone)
         if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
             self._forget_mirror_rows(ids)
         return deleted
@@ -714,6 +809,55 @@ class Queue:
     def counts(self) -> dict[JobState, int]:
         return self.storage.counts(self.name)
 
+    def events(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> Iterator[Event]:
+        """This queue's job transitions in order, after event id ``since`` ("0": the oldest
+        kept). Each ``Event`` has ``id``, ``job_id``, ``kind`` (the state entered, or
+        ``progress`` / ``log``), ``at`` (epoch ms) and ``worker``. ``kinds`` keeps only those
+        kinds. Without ``follow`` the iterator ends once caught up; with it, it waits (``wait``
+        seconds at a time) for new events until the caller stops iterating. Resume after a
+        restart by passing the last handled event's ``id`` as ``since``. See
+        docs/observability.md."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.iterate(self.storage, self.name, *args[:2], **args[2])
+
+    def aevents(
+        self,
+        since: str = "0",
+        *,
+        kinds: Iterable[str] | None = None,
+        follow: bool = False,
+        wait: float = 1.0,
+        batch: int = 500,
+    ) -> AsyncIterator[Event]:
+        """``events`` as an async iterator (``async for``): storage reads run in a thread."""
+        from . import events
+
+        args = self._feed_args(since, kinds, follow, wait, batch)
+        return events.aiterate(self.storage, self.name, *args[:2], **args[2])
+
+    @staticmethod
+    def _feed_args(
+        since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """Checked before the iterator starts, so a bad argument fails at the call."""
+        from .events import validate_kinds, validate_since
+
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait <= 60:
+            raise InvalidOption(f"wait must be a number of seconds in (0, 60], got {wait!r}")
+        options = {"follow": _flag("follow", follow), "wait": float(wait),
+                   "batch": validate_positive_int("batch", batch)}  # fmt: skip
+        return validate_since(since), validate_kinds(kinds), options
+
     def publish_celery(
         self,
         task_name: str,
@@ -750,6 +894,14 @@ _EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _with_trace(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+    """``options`` with the trace context added to the job's envelope meta (when there is
+    one: an empty carrier leaves the job plain)."""
+    if not carrier:
+        return options
+    return {**options, "meta": {**(options.get("meta") or {}), tracing.TRACE_META: carrier}}
 
 
 def _window(value: int | dt.timedelta | None) -> int | None:

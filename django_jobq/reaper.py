@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import signals
 from .conf import get_storage, jobq_settings, journal_in_settings
 from .flows import resolve_parked
 from .registry import registry
@@ -101,6 +102,8 @@ class Reaper:
                 logger.warning("[%s/%s] lease expired: requeued (stalled)", name, job_id)
             for job_id in report.failed:
                 logger.error("[%s/%s] lease expired past max_stalls: failed", name, job_id)
+            if signals.job_stalled.receivers:
+                signals.stalled(Reaper, name, report.requeued, report.failed, None)
             if report.promoted:
                 logger.debug("%s: promoted %d due jobs", name, report.promoted)
             reports[name] = report

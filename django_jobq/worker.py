@@ -21,17 +21,21 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
-from . import flows
+from . import flows, logjson, signals, tracing
 from .autoscale import Autoscaler
 from .conf import configured_limits, get_storage, jobq_settings
 from .errors import ConfigurationError, JobCancelled
 from .execution import envelope_meta, error_body, job_timeouts, make_job
 from .failures import FailureCaller
 from .job import AckOutcome, ClaimedJob, Job, QueueLimits, Reporter
+from .metrics.tally import Tally
+from .metrics.tally import current as metrics_tally
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
 from .registry import HandlerRegistry, registry
 from .storage.base import Ack, Storage
@@ -47,6 +51,9 @@ RECONNECT_MAX = 1.0
 
 # Verdicts after which a flow child's parents may be released.
 _FINAL = frozenset({AckOutcome.COMPLETED, AckOutcome.FAILED, AckOutcome.CANCELLED})
+# Signals sent for a verdict; a batch is looked at only when one of them has a receiver.
+_VERDICT_SIGNALS = (signals.job_finished, signals.job_failed, signals.job_retrying,
+                    signals.job_cancelled)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -56,7 +63,8 @@ class _InFlight:
     running: bool = False  # a handler thread picked it up (shutdown releases the others at once)
     finished: bool = False  # the handler returned; its verdict is on the way to storage
     cancelled: bool = False  # an operator cancelled it: it ends cancelled whatever it returns
-    since: float = 0.0  # monotonic time it was handed to the pool (autoscale's latency)
+    since: float = 0.0  # monotonic time it was handed to the pool (run time, autoscale)
+    span: Any = None  # the attempt's OpenTelemetry span, when tracing is on (tracing.py)
 
 
 class Worker:
@@ -136,6 +144,8 @@ class Worker:
         self._stopping = threading.Event()
         self._hurry = threading.Event()  # second signal: skip the grace period
         self._threads: list[threading.Thread] = []
+        self._beat_at: float | None = None  # monotonic time of the last successful heartbeat
+        self._tally: Tally | None = None  # this process's metrics, when installed (run())
         self.started = threading.Event()
         self.stopped = threading.Event()
 
@@ -164,11 +174,13 @@ class Worker:
     def run(self) -> None:
         """Work until ``stop()``; then finish or release in-flight jobs and deregister."""
         self.check()
+        self._tally = metrics_tally()
         self._apply_configured_limits()
         self._failures.apply_hooks()
         self._start_threads()
         try:
             self._register()
+            self._beat_at = time.monotonic()
         except Exception as exc:  # storage blip at start: the heartbeat registers us later
             logger.warning("could not register worker %s yet: %s", self.worker_id, exc)
         logger.info(
@@ -217,6 +229,14 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def metrics_snapshot(self) -> dict[str, float]:
+        """Slots, busy slots and heartbeat age (s; -1 before the first), for metrics."""
+        with self._cond:
+            busy = len(self._inflight)
+        beat = self._beat_at
+        age = -1.0 if beat is None else time.monotonic() - beat
+        return {"slots": self._limit, "busy": busy, "heartbeat_age": age}
 
     def _start_threads(self) -> None:
         self._runner.start(self.concurrency)
@@ -280,6 +300,7 @@ class Worker:
         return claimed, wait
 
     def _dispatch(self, jobs: list[ClaimedJob]) -> None:
+        now = time.monotonic()
         with self._cond:
             self._free -= len(jobs)
             for claimed in jobs:
@@ -288,8 +309,17 @@ class Worker:
                 job.reporter = self._reporter(claimed)
                 self._inflight[(claimed.queue, claimed.job_id, claimed.token)] = _InFlight(
                     claimed, job, running=isinstance(self._runner, AsyncRunner),
-                    since=time.monotonic() if self.autoscaler is not None else 0.0,
+                    since=now,
                 )  # fmt: skip
+            if self._tally is not None:  # one claim: one queue
+                self._tally.started(jobs[0].queue, len(jobs))
+        if tracing.active():
+            self._start_spans(jobs)
+        if signals.job_started.receivers:
+            for claimed in jobs:
+                signals.send(signals.job_started, Worker, queue=claimed.queue,
+                             job_id=claimed.job_id, attempt=claimed.attempt,
+                             worker_id=self.worker_id)  # fmt: skip
         size = self.handlers.options(jobs[0].queue).batch if jobs else None
         if size and not isinstance(self._runner, AsyncRunner):  # one claim: one queue
             for i in range(0, len(jobs), size):
@@ -302,6 +332,16 @@ class Worker:
                 self._runner.submit(claimed, entry.job, partial(self._finished, entry, timer=timer))
             else:
                 self._work.put(claimed)
+
+    def _start_spans(self, jobs: list[ClaimedJob]) -> None:
+        """One consumer span per attempt, child of the producer's context in its envelope."""
+        with self._cond:
+            entries = [self._inflight.get((c.queue, c.job_id, c.token)) for c in jobs]
+        for entry in entries:
+            if entry is not None:
+                c = entry.claimed
+                entry.span = tracing.start_consumer(c.queue, c.job_id, c.attempt,
+                                                    self.worker_id, entry.job.meta)  # fmt: skip
 
     def _reporter(self, claimed: ClaimedJob) -> Reporter:
         """job.set_progress / job.log of one attempt, fenced by its token."""
@@ -365,7 +405,12 @@ class Worker:
                 entry = self._start(item)
                 if entry is not None:
                     timer = self._soft_timeout(item, [entry.job])
-                    self._finished(entry, runner.run(slot, item, entry.job), timer=timer)
+                    if entry.span is None and not logjson.ENABLED:
+                        ack = runner.run(slot, item, entry.job)
+                    else:
+                        with self._job_context(entry):
+                            ack = runner.run(slot, item, entry.job)
+                    self._finished(entry, ack, timer=timer)
                 continue
             live = [e for e in map(self._start, item) if e is not None]
             if not live:
@@ -374,6 +419,20 @@ class Worker:
             acks = runner.run_batch(slot, [e.claimed for e in live], [e.job for e in live])
             for i, (entry, ack) in enumerate(zip(live, acks, strict=True)):
                 self._finished(entry, ack, timer=timer if i == 0 else None)
+
+    @contextmanager
+    def _job_context(self, entry: _InFlight) -> Iterator[None]:
+        """While a thread-pool handler runs: its attempt's span is the current one (the
+        handler's own spans nest under it) and JSON log lines name the job."""
+        with ExitStack() as stack:
+            if entry.span is not None:
+                stack.enter_context(tracing.current(entry.span))
+            if logjson.ENABLED:
+                c = entry.claimed
+                stack.enter_context(
+                    logjson.job_context(c.queue, c.job_id, c.attempt, self.worker_id)
+                )
+            yield
 
     def _finished(self, entry: _InFlight, ack: Ack, *, timer: int | None = None) -> None:
         """A handler returned (on any pool): send its verdict. A verdict of a job that shutdown
@@ -438,7 +497,12 @@ class Worker:
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
-        flow_children = []
+        flow_children, spans = [], []
+        observed: list[tuple[Ack, AckOutcome, _InFlight]] | None = (
+            [] if any(s.receivers for s in _VERDICT_SIGNALS) else None
+        )
+        tally = self._tally
+        timed: list[tuple[str, float]] | None = [] if tally is not None else None
         with self._cond:
             for ack, outcome in zip(acks, outcomes, strict=True):
                 entry = self._inflight.pop((name, ack.job_id, ack.token), None)
@@ -446,10 +510,44 @@ class Worker:
                     self._free += 1
                     if outcome in _FINAL and "parents" in entry.job.meta:
                         flow_children.append(entry.job.meta)
+                    if observed is not None:
+                        observed.append((ack, outcome, entry))
+                    if timed is not None:
+                        timed.append((outcome, entry.since))
+                    if entry.span is not None:
+                        spans.append((ack, outcome, entry.span))
                 self._count(name, ack, outcome)
             self._cond.notify_all()
+        if timed and tally is not None:
+            tally.verdicts(name, time.monotonic(), timed)
         for meta in flow_children:
             self._resolve_parents(meta)
+        if observed:
+            self._signal_verdicts(name, observed)
+        for ack, outcome, span in spans:
+            error = signals.decode_error(ack.body) if ack.kind in ("fail", "cancel") else None
+            tracing.end_consumer(span, str(outcome), error)
+
+    def _signal_verdicts(
+        self, name: str, observed: list[tuple[Ack, AckOutcome, _InFlight]]
+    ) -> None:
+        """job_finished for each verdict, then the signal of its outcome (after storage
+        accepted it, so a receiver never sees an outcome that did not happen)."""
+        now = time.monotonic()
+        for ack, outcome, entry in observed:
+            base = {"queue": name, "job_id": ack.job_id, "attempt": entry.claimed.attempt,
+                    "worker_id": self.worker_id}  # fmt: skip
+            error = signals.decode_error(ack.body) if ack.kind in ("fail", "cancel") else None
+            signals.send(signals.job_finished, Worker, outcome=str(outcome),
+                         duration=now - entry.since, error=error, **base)  # fmt: skip
+            if outcome is AckOutcome.FAILED:
+                signals.send(signals.job_failed, Worker, error=error, **base)
+            elif outcome is AckOutcome.RETRYING:
+                delay = (ack.retry_in or 0) / 1000
+                signals.send(signals.job_retrying, Worker, error=error, delay=delay, **base)
+            elif outcome is AckOutcome.CANCELLED:
+                signals.send(signals.job_cancelled, Worker, queue=name, job_id=ack.job_id,
+                             worker_id=self.worker_id)  # fmt: skip
 
     def _resolve_parents(self, meta: dict) -> None:
         """Fast path of flows: a child that finished releases its parents now, not at the
@@ -507,6 +605,9 @@ class Worker:
                                 "requeued stalled jobs %s, failed %s on %s",
                                 report.requeued, report.failed, name,
                             )  # fmt: skip
+                            if signals.job_stalled.receivers:
+                                signals.stalled(Worker, name, report.requeued, report.failed,
+                                                self.worker_id)  # fmt: skip
             except Exception as exc:
                 logger.warning("heartbeat failed (%s); leases may lapse", exc)
 
@@ -553,6 +654,7 @@ class Worker:
                     logger.warning("[%s/%s] lease lost; asking the handler to stop", name, job_id)
                     entry.job.cancel_event.set()
         self._register()
+        self._beat_at = time.monotonic()
 
     def _register(self) -> None:
         info = {
@@ -578,6 +680,7 @@ class Worker:
             unstarted = [self._inflight.pop(key) for key in waiting]
         for entry in unstarted:
             self._release(entry.claimed)
+            self._handed_back(entry)
         with self._cond:
             if self._inflight:
                 logger.info("waiting up to %.1fs for %d jobs", self.grace, len(self._inflight))
@@ -591,6 +694,7 @@ class Worker:
         for entry in leftovers:
             entry.job.cancel_event.set()
             self._release(entry.claimed)
+            self._handed_back(entry)
         for _ in range(self.concurrency):
             self._work.put(None)
         self._acks.put(None)
@@ -606,6 +710,17 @@ class Worker:
         except Exception as exc:
             logger.warning("could not deregister worker %s: %s", self.worker_id, exc)
         logger.info("worker %s stopped: %s", self.worker_id, self.stats)
+
+    def _handed_back(self, entry: _InFlight) -> None:
+        """A job released at shutdown ends its attempt too: its span and ``job_finished``."""
+        if entry.span is not None:
+            tracing.end_consumer(entry.span, str(AckOutcome.RELEASED), None)
+        if signals.job_finished.receivers:
+            c = entry.claimed
+            signals.send(signals.job_finished, Worker, queue=c.queue, job_id=c.job_id,
+                         attempt=c.attempt, worker_id=self.worker_id,
+                         outcome=str(AckOutcome.RELEASED),
+                         duration=time.monotonic() - entry.since, error=None)  # fmt: skip
 
     def _release(self, claimed: ClaimedJob) -> None:
         try:

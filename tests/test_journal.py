@@ -15,7 +15,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_jobq.conf import check_settings
-from django_jobq.errors import ConfigurationError, InvalidOption, Timeout
+from django_jobq.errors import ConfigurationError, InvalidOption, QueueBusy, Timeout
 from django_jobq.job import (
     Dedup,
     DedupMode,
@@ -289,6 +289,64 @@ def test_reconcile_trusts_the_mirror_for_a_finished_job_whose_record_is_gone(q, 
     assert entries(alias) == {}
 
 
+def test_obliterate_deletes_the_journal_so_reconcile_brings_nothing_back(q, storage, alias):
+    q.enqueue_many([("a", 1), ("b", 2)])
+    q.enqueue("later", 3, delay=60_000)
+    storage.claim(QUEUE, "w1", 1, 30_000)  # one of them runs
+
+    assert q.obliterate(force=True) == 3
+    assert entries(alias) == {}
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+    assert [q.get_status(i) for i in ("a", "b", "later")] == [None, None, None]
+
+
+def test_obliterate_refused_for_active_jobs_keeps_the_journal(q, storage, alias):
+    q.enqueue("running", 1)
+    storage.claim(QUEUE, "w1", 1, 30_000)
+    with pytest.raises(QueueBusy):
+        q.obliterate()
+    assert set(entries(alias)) == {"running"}
+
+
+def test_obliterate_through_a_queue_not_in_journal_mode_deletes_the_entries_too(
+    q, storage, alias, jobq, settings
+):
+    settings.JOBQ = {**jobq, "QUEUES": {QUEUE: {"durability": "journal"}}}
+    q.enqueue("a", 1)
+    Queue(QUEUE, storage=storage, durability="redis").obliterate()
+    assert entries(alias) == {}
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+
+
+def test_clean_deletes_the_entries_of_the_jobs_it_deleted_and_no_other(q, storage, alias):
+    q.enqueue_many([("done", 1), ("waiting", 2)])
+    finish(storage, "done")  # its entry stays until a reconcile sees it finished ...
+    assert set(entries(alias)) == {"done", "waiting"}
+
+    assert q.clean(0) == 1  # ... or the clean that deletes its record
+    assert set(entries(alias)) == {"waiting"}
+    report = reconcile(storage, [QUEUE], min_age=0)[QUEUE]
+    assert (report.recreated, report.live) == (0, 1)
+    assert q.get_status("done") is None
+
+
+def test_deleting_finished_jobs_deletes_their_entries_only(q, storage, alias):
+    q.enqueue_many([("done", 1), ("waiting", 2)])
+    finish(storage, "done")
+    assert q.delete(["done", "waiting"]) == 1  # a waiting job is not deleted ...
+    assert set(entries(alias)) == {"waiting"}  # ... and keeps its entry
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+
+
+def test_purging_dead_letters_deletes_their_entries(q, storage, alias):
+    q.enqueue_many([("dead", 1), ("waiting", 2)])
+    claimed = storage.claim(QUEUE, "w1", 1, 30_000).jobs[0]
+    storage.fail(QUEUE, "dead", claimed.token, b'{"type": "E"}', permanent=True)
+    assert q.purge_dead() == 1
+    assert set(entries(alias)) == {"waiting"}
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 0
+
+
 def test_dry_run_reports_and_changes_nothing(q, storage, redis_client, alias):
     q.enqueue("lost", 1)
     q.enqueue("done", 2)
@@ -380,7 +438,7 @@ def test_a_queue_setting_durability_is_not_a_job_option(settings):
 def test_jobq_reconcile_says_so_when_redis_is_unreachable(q, jobq, settings, alias):
     q.enqueue("waiting", 1)
     settings.JOBQ = {**jobq, "REDIS_URL": "redis://127.0.0.1:7299/0"}
-    with pytest.raises(CommandError, match="Redis unreachable"):
+    with pytest.raises(CommandError, match="Redis unreachable, nothing"):
         call_command("jobq_reconcile", "--min-age", "0")
     assert set(entries(alias)) == {"waiting"}
 

@@ -14,6 +14,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from django_jobq import Queue
+from django_jobq.errors import StorageUnavailable
 from django_jobq.job import EnqueueOutcome
 from django_jobq.states import JobState
 from django_jobq.storage.redis import storage as redis_storage_mod
@@ -98,11 +99,11 @@ def test_an_error_of_a_combined_call_reaches_every_caller_in_it_and_nothing_hang
     def produce(i: int) -> None:
         try:
             results[i] = queue.enqueue(f"j{i}", i).outcome
-        except RedisConnectionError as exc:
+        except StorageUnavailable as exc:
             results[i] = exc
 
     run_threads(8, produce)
-    errors = [r for r in results.values() if isinstance(r, RedisConnectionError)]
+    errors = [r for r in results.values() if isinstance(r, StorageUnavailable)]
     queued = [r for r in results.values() if r is EnqueueOutcome.QUEUED]
     assert len(results) == 8 and errors and queued
     assert len(errors) + len(queued) == 8

@@ -5,3 +5,4 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("jobq/", include("django_jobq.api.urls")),
 ]
+urlpatterns.append(path("metrics/", include("django_jobq.metrics.urls")))

@@ -9,9 +9,6 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, NotFound, ParseError
 from rest_framework.exceptions import ValidationError as DRFValidationError
@@ -20,7 +17,14 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from ..conf import jobq_settings
-from ..errors import InvalidJobId, InvalidQueueName, PayloadTooLarge, QueueBusy
+from ..errors import (
+    InvalidJobId,
+    InvalidQueueName,
+    PayloadTooLarge,
+    QueueBusy,
+    StorageFull,
+    StorageUnavailable,
+)
 from ..errors import ValidationError as JobQValidationError
 from .auth import ApiKeyAuthentication
 from .permissions import JobQPermission
@@ -29,13 +33,13 @@ from .throttling import JobQRateThrottle
 logger = logging.getLogger("django_jobq.api")
 
 
-class StorageUnavailable(APIException):
+class ServiceUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "the job storage is unreachable; try again shortly"
     default_code = "storage_unavailable"
 
 
-class StorageFull(StorageUnavailable):
+class ServiceFull(ServiceUnavailable):
     """Redis refuses writes at ``maxmemory`` (policy ``noeviction``, the one a queue needs): the
     request wrote nothing (a script's first write is the one refused), so a retry is safe."""
 
@@ -58,7 +62,9 @@ class Conflict(APIException):
         super().__init__({"detail": detail, "state": state})
 
 
-STORAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OperationalError, InterfaceError)
+# The storage raises StorageUnavailable for itself; the database errors are those of the views'
+# own reads of the models (job lists, the mirror), which do not go through the storage.
+STORAGE_ERRORS = (StorageUnavailable, OperationalError, InterfaceError)
 
 
 def translate(exc: Exception) -> Exception:
@@ -73,14 +79,14 @@ def translate(exc: Exception) -> Exception:
         return DRFValidationError({"non_field_errors": [str(exc)]})
     if isinstance(exc, QueueBusy):
         return Conflict(str(exc), "active")
-    if isinstance(exc, RedisOutOfMemoryError):
+    if isinstance(exc, StorageFull):
         logger.error("storage full: %s", exc)
-        return StorageFull()
+        return ServiceFull()
     if isinstance(exc, STORAGE_ERRORS) or (
         isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
     ):
         logger.warning("storage unreachable: %s", exc)
-        return StorageUnavailable()
+        return ServiceUnavailable()
     return exc
 
 

@@ -124,12 +124,8 @@ def mirror_rejected(storage: Storage, alias: str) -> int | None:
 
 
 def redis_memory(storage: Storage) -> dict[str, Any] | None:
-    client = getattr(storage, "client", None)
-    if client is None or not hasattr(storage, "read_group"):
-        return None
-    info = client.info("memory")
-    return {k: info.get(k) for k in ("used_memory", "used_memory_peak", "maxmemory",
-                                     "maxmemory_policy")}  # fmt: skip
+    memory = getattr(storage, "memory_info", None)  # Redis only
+    return None if memory is None else memory()
 
 
 def health_report() -> tuple[dict[str, Any], bool]:

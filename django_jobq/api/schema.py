@@ -28,6 +28,10 @@ SETTINGS = {
     "VERSION": "0.1.0",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {"JobStateEnum": "django_jobq.states.JobState"},
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "django_jobq.api.schema.add_links",
+    ],
 }
 URLCONF = "django_jobq.api.urls"
 
@@ -41,6 +45,56 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
             "type": "apiKey", "in": "header", "name": "Authorization",
             "description": "`Api-Key jobq_<prefix>_<secret>` (manage.py jobq_apikey create)",
         }  # fmt: skip
+
+
+# OpenAPI links: what a client can do next with the answer of an operation (the job id an
+# enqueue answered, the name of a created schedule). Clients and tools follow them; the
+# schemathesis run in tests/api/test_schema.py walks them as a state machine.
+_JOB = {"queue": "$request.path.queue", "job_id": "$response.body#/id"}
+_SCHEDULE = {"name": "$response.body#/name"}
+LINKS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
+    "enqueue": {
+        "GetJobStatus": ("job_status", _JOB),
+        "GetJobResult": ("job_result", _JOB),
+        "CancelJob": ("job_cancel", _JOB),
+        "RetryJob": ("job_retry", _JOB),
+    },
+    "job_cancel": {
+        "RetryJob": (
+            "job_retry",
+            {"queue": "$request.path.queue", "job_id": "$request.path.job_id"},
+        ),
+        "GetJobStatus": (
+            "job_status",
+            {"queue": "$request.path.queue", "job_id": "$request.path.job_id"},
+        ),
+    },
+    "schedule_create": {
+        "GetSchedule": ("schedule_get", _SCHEDULE),
+        "UpdateSchedule": ("schedule_update", _SCHEDULE),
+        "RunSchedule": ("schedule_run", _SCHEDULE),
+        "DeleteSchedule": ("schedule_delete", _SCHEDULE),
+    },
+}
+
+
+def add_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: add ``LINKS`` to the success answers (2xx with a
+    body) of the operations they start from."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            links = (
+                LINKS.get(operation.get("operationId", "")) if isinstance(operation, dict) else None
+            )
+            if not links:
+                continue
+            for status, response in operation.get("responses", {}).items():
+                if str(status).startswith("2") and "content" in response:
+                    response["links"] = {
+                        name: {"operationId": target, "parameters": dict(parameters)}
+                        for name, (target, parameters) in links.items()
+                    }
+    return result
 
 
 def generate() -> dict[str, Any]:

@@ -12,9 +12,15 @@ from the backend's own clock (Redis: server ``TIME``, so workers' clocks never d
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import functools
+import inspect
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..errors import StorageUnavailable
 from ..job import (
     AckOutcome,
     CancelOutcome,
@@ -33,6 +39,22 @@ from ..states import JobState
 from .broadcast_base import BroadcastStore
 
 Clock = Callable[[], int]
+
+
+def token_base() -> int:
+    """The least fencing token a claim made now may take: wall-clock microseconds × 1000 plus
+    a random nonce 0-999.
+
+    A claim's token is ``max(previous + 1, token_base())``. The record's own counter alone
+    would restart when the record is lost and created again (a row deleted after its
+    ``result_ttl``, a queue obliterated, Redis restarted empty), and a worker still running
+    the old claim would then hold the new run's token. The clock makes a token of a new record
+    exceed every token of an old one unless the clock stepped back to that very microsecond,
+    and the nonce makes even that a 1 in 1000 chance. It ignores an injected test clock on
+    purpose: that clock drives leases, not uniqueness. Redis computes the same value from its
+    server ``TIME`` (``token_base`` in ``lua/includes/common.lua``).
+    """
+    return time.time_ns() // 1000 * 1000 + secrets.randbelow(1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +93,64 @@ class WorkerRecord:
     last_seen: int
 
 
+def translating[F: Callable[..., Any]](method: F) -> F:
+    """``method`` raising ``StorageUnavailable`` (or ``StorageFull``) where the backend's
+    client raised its own "did not answer" error (see ``Storage.unavailable``), with the
+    client's error as ``__cause__``. Generators are translated while they are iterated."""
+    if getattr(method, "__jobq_translating__", False):
+        return method
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def generator(self: Storage, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from method(self, *args, **kwargs)
+            except Exception as exc:
+                error = self.unavailable(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
+        wrapper: Any = generator
+    else:
+
+        @functools.wraps(method)
+        def call(self: Storage, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                error = self.unavailable(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
+        wrapper = call
+    wrapper.__jobq_translating__ = True
+    return wrapper  # type: ignore[no-any-return]
+
+
 class Storage(abc.ABC):
-    """Interface of a storage backend. Capability flags tell the core what it may rely on."""
+    """Interface of a storage backend. Capability flags tell the core what it may rely on.
+
+    Errors: when the store does not answer, every public method raises
+    ``django_jobq.StorageUnavailable`` (``StorageFull`` when Redis is at ``maxmemory``), never
+    the client library's own exception. Translating here, once, keeps redis-py and database
+    driver errors out of the Queue API, the worker and the REST API, which each catch one type.
+    A backend says which of its errors mean "unavailable" in ``unavailable``; every public
+    method of a subclass is wrapped by ``__init_subclass__``.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, attr in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(attr) and name != "unavailable":
+                setattr(cls, name, translating(attr))
+
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """The ``StorageUnavailable`` that ``exc``, raised by this backend's client, stands
+        for, or None when ``exc`` is not about reaching the store (a bug, bad data, a
+        constraint) and must propagate as it is. The in-memory backend has none."""
+        return None
 
     #: Workers can block on a wake-up signal instead of polling.
     supports_blocking_wait: bool = True
@@ -361,6 +439,13 @@ class Storage(abc.ABC):
     def counts(self, queue: str) -> dict[JobState, int]:
         """Jobs per live state (scheduled, queued, active, retrying, blocked: the number of
         singleton successors) and finished totals (completed, failed)."""
+
+    def oldest_queued(self, queue: str) -> int | None:
+        """Epoch ms since when the job first in line has been runnable (the later of its
+        creation and its due time), or None when nothing is queued: a queue's latency, read at
+        metrics scrape time. FIFO queues: the oldest queued job. Backends answer with an
+        indexed read; the default (unknown) is None."""
+        return None
 
     @abc.abstractmethod
     def read_events(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -39,7 +40,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery
 
-from ..errors import QueueBusy, StorageError
+from ..errors import QueueBusy, StorageError, StorageUnavailable
 from ..job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -61,7 +62,7 @@ from ..job import (
 )
 from ..registry import handler_name
 from ..states import TERMINAL_STATES, WAITING_STATES, JobState
-from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 
 logger = logging.getLogger("django_jobq.storage")
 CHANNEL = "django_jobq"
@@ -80,6 +81,8 @@ RETURNING = (
     "RETURNING id, job_id, payload, token, attempts, max_attempts, min_backoff, max_backoff, "
     "content_type, priority, order_key, job_group"
 )
+# SQLite raises OperationalError for these too; they are errors of the schema, not outages.
+SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "table ", "near ")
 CONFIG_COLUMNS = (
     "paused, postponed_until, concurrency, rate_max, rate_window, group_rate_max, group_rate_window"
 )
@@ -114,6 +117,41 @@ def _bytes(value: Any) -> bytes | None:
 
 def _json_bytes(value: Any) -> bytes | None:
     return None if value is None else json.dumps(value).encode()
+
+
+# What PostgreSQL's jsonb refuses inside a string: NUL, and lone UTF-16 surrogates (json.dumps
+# writes both as \u escapes, which jsonb rejects on input). A str that json.loads made holds
+# a surrogate only when it is lone: an escaped pair decodes to one character.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clean_text(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _storable_json(raw: bytes, vendor: str) -> Any:
+    """The JSON value of ``raw`` (an error record, a progress value) as this database can
+    store it. An exception message or a progress line may hold any text; on PostgreSQL a NUL
+    or a lone surrogate would make the whole verdict fail with a DataError (the job would
+    then run again when its lease expires, its error lost), so those characters become
+    U+FFFD, the replacement character, and the rest of the value is kept as it is."""
+    value = json.loads(raw)
+    if vendor != "postgresql":
+        return value
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:  # iterative: a progress value may be nested deeper than the stack allows
+        parent, key = stack.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = _clean_text(item)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+        elif isinstance(item, dict):
+            cleaned = {_clean_text(k): v for k, v in item.items()}
+            parent[key] = cleaned
+            stack.extend((cleaned, k) for k in cleaned)
+    return root[0]
 
 
 def _public_id(stored: str) -> str:
@@ -178,6 +216,21 @@ class _Flow:
 
 class DatabaseStorage(Storage):
     supports_transactional_enqueue = True
+
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """A lost or refused connection, a server shutting down, SQLite locked past its busy
+        timeout: ``OperationalError`` / ``InterfaceError``. Not integrity or programming
+        errors, nor SQLite's schema complaints, which share its ``OperationalError`` class
+        (a missing table is a missing ``migrate``, not an outage)."""
+        from django.db import InterfaceError, OperationalError
+
+        if isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_SCHEMA_ERRORS):
+            return None
+        if isinstance(exc, OperationalError | InterfaceError):
+            return StorageUnavailable(
+                f"database {self.using!r} did not answer: {type(exc).__name__}: {exc}"
+            )
+        return None
 
     def __init__(
         self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
@@ -785,11 +838,15 @@ class DatabaseStorage(Storage):
         else:
             where = f"state = 'queued' AND id IN ({', '.join(['%s'] * len(ids))})"
             params = list(ids)
+        # The token is max(token + 1, token_base()): a row deleted and created again (expiry,
+        # retention, obliterate) must not hand out a token of its previous life.
+        base = token_base()
         return self._sql(
-            f"UPDATE {self._table} SET state = 'active', worker = %s, token = token + 1, "
+            f"UPDATE {self._table} SET state = 'active', worker = %s, "
+            "token = CASE WHEN token >= %s THEN token + 1 ELSE %s END, "
             f"attempts = attempts + 1, started_at = %s, lease_deadline = %s WHERE {where} "
             + RETURNING,
-            [worker_id, self._param_dt(now), self._param_dt(now + lease_ms), *params],
+            [worker_id, base, base, self._param_dt(now), self._param_dt(now + lease_ms), *params],
         )
 
     def _claimed(self, queue: str, rows: list[Any], worker_id: str, now: int) -> list[ClaimedJob]:
@@ -1006,7 +1063,7 @@ class DatabaseStorage(Storage):
         """``final`` CANCELLED is ``cancel_active``: the same ending, in another state."""
         now = self._now()
         with self._atomic():
-            row = self._take_lease(queue, job_id, token, error=json.loads(error))
+            row = self._take_lease(queue, job_id, token, error=_storable_json(error, self.vendor))
             if row is None:
                 return AckOutcome.LEASE_LOST
             if permanent or row["attempts"] >= row["max_attempts"]:
@@ -1111,7 +1168,7 @@ class DatabaseStorage(Storage):
                 return False
             fields: dict[str, Any] = {}
             if progress is not None:
-                fields["progress"] = json.loads(progress)
+                fields["progress"] = _storable_json(progress, self.vendor)
             if log is not None:
                 fields["logs"] = [*(row["logs"] or []), [now, log]][-LOG_LINES:]
             self._jobs().filter(pk=row["id"]).update(**fields)
@@ -1450,6 +1507,16 @@ class DatabaseStorage(Storage):
                 out[state] = row["n"]
         return out
 
+    def oldest_queued(self, queue: str) -> int | None:
+        """The oldest queued row by creation (index ``jobq_job_q_state_created``)."""
+        row = (
+            self._jobs().filter(queue=queue, state=JobState.QUEUED).order_by("created_at")
+            .values_list("created_at", "run_at").first()
+        )  # fmt: skip
+        if row is None:
+            return None
+        return max(_ms(row[0]), _ms_or_none(row[1]) or 0)
+
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
@@ -1539,7 +1606,7 @@ class DatabaseStorage(Storage):
             if ok:
                 return held.delete()[0] > 0
             due = _dt(self._now() + max(retry_in_ms, 0))
-            last_error = json.loads(error) if error else None
+            last_error = _storable_json(error, self.vendor) if error else None
             return held.update(due_at=due, last_error=last_error) > 0
 
     def count_failure_calls(self, queue: str) -> int:

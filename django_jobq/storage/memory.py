@@ -39,7 +39,7 @@ from ..job import (
     StoredEnqueue,
 )
 from ..states import TERMINAL_STATES, JobState
-from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 from .broadcast_memory import MemoryBroadcasts
 
 # Jobs a claim may look at (and, for groups over budget, move to scheduled) before it gives up,
@@ -121,6 +121,7 @@ class MemoryStorage(Storage):
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
         self._event_seq = itertools.count(1)
         self._versions = itertools.count(1)
+        self._last_token = 0  # the last fencing token handed out (see _lease)
         self._interrupted: dict[str, bool] = {}
         self._broadcasts: MemoryBroadcasts | None = None
 
@@ -455,7 +456,10 @@ class MemoryStorage(Storage):
     ) -> ClaimedJob:
         rec.state = JobState.ACTIVE
         rec.attempts += 1
-        rec.token += 1
+        # Storage-wide and strictly increasing: no token repeats for the life of the process,
+        # even for an id deleted and enqueued again (see token_base).
+        self._last_token = max(self._last_token + 1, rec.token + 1, token_base())
+        rec.token = self._last_token
         rec.started_at = now
         rec.deadline = now + lease_ms
         rec.worker = worker_id
@@ -851,6 +855,12 @@ class MemoryStorage(Storage):
             out[JobState.COMPLETED] = q.finished["completed"]
             out[JobState.FAILED] = q.finished["failed"]
             return out
+
+    def oldest_queued(self, queue: str) -> int | None:
+        with self._cond:
+            since = [max(r.created_at, r.run_at or 0) for r in self._peek(queue).jobs.values()
+                     if r.state is JobState.QUEUED]  # fmt: skip
+        return min(since, default=None)
 
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None

@@ -2,7 +2,8 @@
 
 ``crashing_storage`` is a ``JOBQ['BACKEND']`` dotted path: the real Redis storage, whose
 ``claim`` and ``ack_many`` end the process with ``os._exit`` (no cleanup, as a SIGKILL or a
-power cut would) when they carry the first attempt of a job marked by its id:
+power cut would) when they carry the first attempt of a job marked by its id (the first claim
+or verdict of that id: a Redis marker set once per id, since tokens are not counters):
 
 - ``claimcrash-*``: right after the claim reached Redis, before any handler ran;
 - ``ackcrash-*``: right after the handler's effect, before its ``complete`` is sent.
@@ -25,14 +26,20 @@ CRASH_CODE = 86  # the exit status of an injected crash, told apart from real fa
 class CrashingRedisStorage(RedisStorage):
     def claim(self, queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:
         batch = super().claim(queue, worker_id, count, lease_ms)
-        if any(j.job_id.startswith("claimcrash-") and j.token == 1 for j in batch.jobs):
+        if any(self._first(j.job_id, "claimcrash-") for j in batch.jobs):
             os._exit(CRASH_CODE)
         return batch
 
     def ack_many(self, queue: str, acks: Sequence[Ack]) -> list[AckOutcome]:
-        if any(a.job_id.startswith("ackcrash-") and a.token == 1 for a in acks):
+        if any(self._first(a.job_id, "ackcrash-") for a in acks):
             os._exit(CRASH_CODE)
         return super().ack_many(queue, acks)
+
+    def _first(self, job_id: str, mark: str) -> bool:
+        """True once per marked id: the crash happens on its first claim (or verdict) only."""
+        if not job_id.startswith(mark):
+            return False
+        return bool(self.client.set(f"{self.prefix}-crashed:{job_id}", 1, nx=True, ex=86400))
 
 
 def crashing_storage() -> CrashingRedisStorage:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import time
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from django_jobq.errors import StorageUnavailable
 
 from .conftest import completed, sized
 
@@ -33,7 +32,7 @@ def test_latency_and_connection_resets_lose_nothing(
                     [{"id": j, "payload": {"seconds": 0.01}, "max_stalls": 50} for j in chunk]
                 )
                 break
-            except (RedisConnectionError, RedisTimeoutError):
+            except StorageUnavailable:
                 retried += 1
         ledger.record_enqueued(r.job_id for r in results)
     workers = supervise(

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from django_jobq.api.keys import create_key
 from django_jobq.conf import reset_storage
+from django_jobq.errors import StorageFull
 from django_jobq.storage.redis.keys import QueueKeys
 
 from .conftest import events_of
@@ -42,7 +43,7 @@ def test_enqueue_at_maxmemory_fails_cleanly_and_writes_nothing(
             error = exc
             break
         stored.append(f"fill-{i}")
-    assert error is not None, "Redis never filled up"
+    assert isinstance(error, StorageFull), error
     assert "maxmemory" in str(error), error  # says what is wrong
     try:  # a bulk call refused part-way through
         queue.enqueue_many([{"id": f"bulk-{i}", "payload": {"blob": BLOB}} for i in range(300)])
@@ -70,7 +71,7 @@ def test_enqueue_at_maxmemory_fails_cleanly_and_writes_nothing(
         recovery=f"{type(error).__name__}; API {single.status_code}/{bulk.status_code}; "
         f"{len(records)} records, all whole",
     )  # fmt: skip
-    assert bulk_error is not None and "maxmemory" in str(bulk_error)
+    assert isinstance(bulk_error, StorageFull) and "maxmemory" in str(bulk_error)
     assert (single.status_code, bulk.status_code) == (503, 503)
     assert "full" in single.json()["detail"]
     assert set(stored) <= records

@@ -1,5 +1,6 @@
 """Handlers used by the subprocess tests (runworker autodiscovers this module)."""
 
+import json
 import os
 import time
 from pathlib import Path
@@ -224,6 +225,51 @@ def flow_step(job):
     """A chain step: the previous step's result (0 for the first) plus payload["add"]."""
     before = job.previous_result if job.children else 0
     return before * job.payload.get("times", 1) + job.payload["add"]
+
+
+def _signal_ledger(signal, sender, **kwargs):
+    """Appends one JSON line per django_jobq signal received in this process (with its pid):
+    tests/test_signal_processes.py checks which process sent what."""
+    from django_jobq import signals
+
+    name = next(n for n in dir(signals) if getattr(signals, n) is signal)
+    line = {"signal": name, "pid": os.getpid(), **{k: v for k, v in kwargs.items()}}
+    with Path(os.environ["JOBQ_TEST_SIGNAL_LOG"]).open("a") as fh:
+        fh.write(json.dumps(line, default=str) + "\n")
+
+
+if os.environ.get("JOBQ_TEST_SIGNAL_LOG"):  # set by the subprocess signal tests only
+    from django_jobq import signals as _signals
+
+    for _signal in _signals.ALL:
+        _signal.connect(_signal_ledger, weak=False, dispatch_uid="tests-signal-ledger")
+
+
+if os.environ.get("JOBQ_TEST_OTEL_LOG"):  # set by tests/test_tracing_processes.py only
+    # The worker's global tracer provider, exporting each ended span as one JSON line.
+    from opentelemetry import trace as _trace
+    from opentelemetry.sdk.trace import TracerProvider as _TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor as _Simple
+    from opentelemetry.sdk.trace.export import SpanExporter as _SpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult as _Result
+
+    class _JsonLines(_SpanExporter):
+        def export(self, spans):
+            with Path(os.environ["JOBQ_TEST_OTEL_LOG"]).open("a") as fh:
+                for span in spans:
+                    fh.write(json.dumps({
+                        "name": span.name, "kind": span.kind.name, "pid": os.getpid(),
+                        "trace_id": span.context.trace_id, "span_id": span.context.span_id,
+                        "parent_id": span.parent.span_id if span.parent else None,
+                        "status": span.status.status_code.name,
+                        "attributes": dict(span.attributes),
+                        "events": [e.name for e in span.events],
+                    }) + "\n")  # fmt: skip
+            return _Result.SUCCESS
+
+    _provider = _TracerProvider()
+    _provider.add_span_processor(_Simple(_JsonLines()))
+    _trace.set_tracer_provider(_provider)
 
 
 @subscriber("tests-bcast", group="alpha", start="earliest", max_stalls=3)

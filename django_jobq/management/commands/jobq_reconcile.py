@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from ...conf import get_storage
-from ...errors import JobQError
+from ...errors import JobQError, StorageFull, StorageUnavailable
 from ...journal import reconcile
 from ...validation import validate_queue_name
 
@@ -47,8 +47,6 @@ class Command(BaseCommand):
             raise CommandError("--batch must be a positive integer")
         if options["min_age"] is not None and options["min_age"] < 0:
             raise CommandError("--min-age must be >= 0")
-        from redis.exceptions import ConnectionError, TimeoutError
-
         try:
             reports = reconcile(
                 storage,
@@ -57,8 +55,9 @@ class Command(BaseCommand):
                 min_age=options["min_age"],
                 batch=options["batch"],
             )
-        except (ConnectionError, TimeoutError) as exc:
-            raise CommandError(f"Redis unreachable, nothing reconciled: {exc}") from exc
+        except StorageUnavailable as exc:
+            what = "full" if isinstance(exc, StorageFull) else "unreachable"
+            raise CommandError(f"Redis {what}, nothing more reconciled: {exc}") from exc
         prefix = "dry run: " if options["dry_run"] else ""
         if not reports:
             self.stdout.write(f"{prefix}journal is empty")

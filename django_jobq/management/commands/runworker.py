@@ -77,6 +77,27 @@ class Command(BaseCommand):
             "here) or of one group; repeatable (default: all of them when no queue is given)",
         )
         parser.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default="text",
+            help="json: one JSON object per log line, with job id, queue, attempt, worker and "
+            "trace id on lines about a job (when the project's LOGGING sets no handler)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve this worker's Prometheus metrics on PORT (0: any free port, logged); "
+            "needs the 'metrics' extra; one port per worker process",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 to be scraped "
+            "from other hosts)",
+        )
+        parser.add_argument(
             "--from-kombu",
             metavar="BROKER_URL",
             help="also bridge Celery task messages from this kombu broker into django_jobq "
@@ -91,7 +112,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        configure(options["verbosity"])
+        configure(options["verbosity"], options["log_format"])
         if options["check"]:
             self.check()
         # Only --subscriber given: a subscriber worker (no queues unless named too).
@@ -119,6 +140,14 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
         bridge = self._bridge(options, worker)
+        metrics_server = None
+        if options["metrics_port"] is not None:
+            from ...metrics.server import serve
+
+            try:
+                metrics_server = serve(worker, options["metrics_port"], options["metrics_addr"])
+            except (JobQError, OSError) as exc:
+                raise CommandError(f"metrics endpoint: {exc}") from exc
 
         def on_signal(signum, frame):
             # First signal: graceful (finish in-flight within grace). Second: hurry. The bridge
@@ -147,6 +176,8 @@ class Command(BaseCommand):
             if bridge is not None and thread is not None:
                 bridge.stop()
                 thread.join(10)
+            if metrics_server is not None:
+                metrics_server.shutdown()
 
     def _subscribers(self, options) -> SubscriberWorker | None:
         """The broadcast subscribers to run: those named by --subscriber, else every one

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...errors import QueueBusy
+from ...errors import QueueBusy, StorageFull, StorageUnavailable
 from ...job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -266,6 +267,23 @@ class RedisStorage(Storage):
         self._settle: dict[str, list[str]] = {}
         self._combiners: dict[str, _Combiner] = {}
 
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """redis-py's errors of an unreachable server (refused, reset, timed out, still
+        loading its data: BusyLoadingError is a ConnectionError) and of a full one."""
+        from redis.exceptions import ConnectionError, OutOfMemoryError, TimeoutError
+
+        if isinstance(exc, OutOfMemoryError):
+            return StorageFull(f"Redis is full (maxmemory): {exc}")
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return StorageUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}")
+        return None
+
+    def memory_info(self) -> dict[str, Any]:
+        """The server's memory use and limit (``INFO memory``), for health reports."""
+        info = self.client.info("memory")
+        return {k: info.get(k) for k in ("used_memory", "used_memory_peak", "maxmemory",
+                                         "maxmemory_policy")}  # fmt: skip
+
     def keys(self, queue: str) -> QueueKeys:
         k = self._keys.get(queue)
         if k is None:
@@ -414,7 +432,8 @@ class RedisStorage(Storage):
             "claim",
             [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
              k.rate, k.group_rate_prefix, k.capped],
-            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN],
+            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN,
+             secrets.randbelow(1000)],
         )  # fmt: skip
         batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
         for i in range(1, len(raw), 8):
@@ -425,7 +444,7 @@ class RedisStorage(Storage):
                     queue,
                     _s(job_id),
                     payload,
-                    token,
+                    int(token),
                     attempt,
                     max_attempts,
                     min_b,
@@ -636,9 +655,13 @@ class RedisStorage(Storage):
         return int(self.client.zcard(self.keys(queue).dead))
 
     def purge_dead(self, queue: str, job_ids: Sequence[str] | None = None) -> int:
-        """Deleted through clean.lua, which re-checks each record is still failed."""
+        return len(self.purge_dead_ids(queue, job_ids))
+
+    def purge_dead_ids(self, queue: str, job_ids: Sequence[str] | None = None) -> list[str]:
+        """``purge_dead``, returning the deleted ids (journal mode deletes their entries).
+        Deleted through clean.lua, which re-checks each record is still failed."""
         k = self.keys(queue)
-        deleted = 0
+        deleted: list[str] = []
         while True:
             if job_ids is None:
                 batch = [_s(x) for x in self.client.zrange(k.dead, 0, SCAN_CHUNK - 1)]
@@ -647,22 +670,25 @@ class RedisStorage(Storage):
             if not batch:
                 return deleted
             args = [self._now_arg(), 0, JobState.FAILED.value, *batch]
-            n = int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
-            deleted += n
+            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
             if job_ids is None:
                 # Entries that were not failed any more (retried in between) leave too, so
                 # the loop always makes progress.
                 self.client.zrem(k.dead, *batch)
 
     def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
-        """clean.lua with no age limit: it re-checks each record's state before deleting."""
+        return len(self.delete_finished_ids(queue, job_ids))
+
+    def delete_finished_ids(self, queue: str, job_ids: Sequence[str]) -> list[str]:
+        """``delete_finished``, returning the deleted ids (journal mode deletes their entries).
+        clean.lua with no age limit: it re-checks each record's state before deleting."""
         k = self.keys(queue)
         ids = list(dict.fromkeys(job_ids))
         states = ",".join(s.value for s in TERMINAL_STATES)
-        deleted = 0
+        deleted: list[str] = []
         for start in range(0, len(ids), SCAN_CHUNK):
             args = [self._now_arg(), 0, states, *ids[start : start + SCAN_CHUNK]]
-            deleted += int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
         return deleted
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
@@ -770,6 +796,17 @@ class RedisStorage(Storage):
             JobState.COMPLETED: _i(completed),
             JobState.FAILED: _i(failed),
         }
+
+    def oldest_queued(self, queue: str) -> int | None:
+        """The head of the queued ZSET (the next claim's first job): two O(log n) reads."""
+        k = self.keys(queue)
+        head = self.client.zrange(k.queued, 0, 0)
+        if not head:
+            return None
+        created, run_at = self.client.hmget(k.job(_s(head[0])), "created", "run_at")
+        if created is None:  # claimed or expired between the two reads
+            return None
+        return max(_i(created), _opt_i(run_at) or 0)
 
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
@@ -889,29 +926,40 @@ class RedisStorage(Storage):
         states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
         limit: int = 10_000,
     ) -> int:
-        """Finished records are indexed nowhere (they expire by their own TTL, which keeps
+        return len(self.clean_ids(queue, older_than_ms, states, limit))
+
+    def clean_ids(
+        self,
+        queue: str,
+        older_than_ms: int,
+        states: Sequence[JobState] = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+        limit: int = 10_000,
+    ) -> list[str]:
+        """``clean``, returning the deleted ids (journal mode deletes their entries).
+
+        Finished records are indexed nowhere (they expire by their own TTL, which keeps
         completions cheap), so candidates come from a SCAN of the queue's job keys; each
         batch is checked and deleted by one script call."""
         wanted = ",".join(JobState(s).value for s in states if JobState(s) in TERMINAL_STATES)
         if not wanted or limit <= 0:
-            return 0
+            return []
         k = self.keys(queue)
-        deleted = 0
+        deleted: list[str] = []
         batch: list[str] = []
 
-        def flush() -> int:
-            args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - deleted]]
+        def flush() -> None:
+            args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - len(deleted)]]
             batch.clear()
-            return int(self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted.extend(_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args))
 
         for job_id in self.scan_job_ids(queue, count=SCAN_CHUNK):
             batch.append(job_id)
             if len(batch) >= SCAN_CHUNK:
-                deleted += flush()
-                if deleted >= limit:
+                flush()
+                if len(deleted) >= limit:
                     return deleted
         if batch:
-            deleted += flush()
+            flush()
         return deleted
 
     def obliterate(self, queue: str, *, force: bool = False) -> int:

@@ -25,10 +25,11 @@ ARGV[4] count (max jobs to claim)
 ARGV[5] lease (ms)
 ARGV[6] promote limit (due scheduled jobs moved to queued first)
 ARGV[7] scan limit: with group limits, candidates looked at beyond `count` per call
+ARGV[8] token nonce 0-999, drawn by the claimer (see token_base in common.lua)
 
 Returns: { ms until the claimer should look again (0 if overdue, -1: no time, wait for a
-           wake-up), then per job: id, token, attempt, max_attempts, min_backoff,
-           max_backoff, ctype, payload }
+           wake-up), then per job: id, token (decimal string), attempt, max_attempts,
+           min_backoff, max_backoff, ctype, payload }
   Paused: nothing, -1 (resume wakes workers). Postponed queue-wide until T: nothing, T - now.
   Concurrency cap reached: nothing, -1 (the verdict that frees a slot wakes a worker). Rate
   budget spent: nothing, ms until the oldest claim leaves the window. Otherwise: ms until the
@@ -86,11 +87,13 @@ end
 local out = { -1 }
 local claimed = 0
 local deadline = fmt(now + lease)
+local base = token_base(ARGV[8])
 
-local function lease_job(id, job_key, f)
-  local token = redis.call('HINCRBY', job_key, 'token', 1)
+local function lease_job(id, job_key, f, prev_token)
+  local token = next_token(job_key, base, prev_token)
   local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
-  redis.call('HSET', job_key, 'state', 'active', 'worker', worker, 'started', fmt(now))
+  redis.call('HSET', job_key, 'state', 'active', 'worker', worker, 'started', fmt(now),
+    'token', token)
   redis.call('ZADD', active_key, deadline, id)
   emit(events_key, maxlen, id, 'active', now, worker)
   local n = #out
@@ -115,8 +118,8 @@ if budget > 0 and not (group_max and group_window) then
     local id = popped[i]
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff')
-    if f[1] == 'queued' then lease_job(id, job_key, f) end
+      'min_backoff', 'max_backoff', 'token')
+    if f[1] == 'queued' then lease_job(id, job_key, f, f[7]) end
   end
 elseif budget > 0 then
   -- Group limits: walk the best candidates (a bounded number), skipping those whose group
@@ -127,12 +130,12 @@ elseif budget > 0 then
     if claimed >= budget then break end
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff', 'group')
+      'min_backoff', 'max_backoff', 'group', 'token')
     redis.call('ZREM', queued_key, id)
     if f[1] == 'queued' then
       local group = f[7]
       if not group then
-        lease_job(id, job_key, f)
+        lease_job(id, job_key, f, f[8])
       else
         local log_key = group_prefix .. group
         if used[group] == nil then
@@ -140,7 +143,7 @@ elseif budget > 0 then
           used[group] = redis.call('ZCARD', log_key)
         end
         if used[group] < group_max then
-          local token = lease_job(id, job_key, f)
+          local token = lease_job(id, job_key, f, f[8])
           redis.call('ZADD', log_key, now, fmt(now) .. ':' .. id .. ':' .. token)
           redis.call('PEXPIRE', log_key, group_window)
           used[group] = used[group] + 1

@@ -12,7 +12,8 @@ ARGV[2] age (ms): records whose 'finished' is at or before now - age go
 ARGV[3] states, comma separated (of completed, failed, cancelled)
 ARGV[4..] job ids
 
-Returns: how many records were deleted. Their ids are free again; a dedup key they held is
+Returns: the ids of the deleted records (journal mode deletes their entries). Their ids are
+free again; a dedup key they held is
 free too (a key whose holder record is gone counts as free).
 ]]
 --@include common
@@ -21,13 +22,13 @@ local job_prefix = KEYS[1]
 local cutoff = now_ms(ARGV[1]) - tonumber(ARGV[2])
 local wanted = {}
 for state in string.gmatch(ARGV[3], '[^,]+') do wanted[state] = true end
-local n = 0
+local deleted = {}
 for i = 4, #ARGV do
   local job_key = job_prefix .. ARGV[i]
   local f = redis.call('HMGET', job_key, 'state', 'finished')
   if f[1] and wanted[f[1]] and f[2] and tonumber(f[2]) <= cutoff then
-    n = n + redis.call('DEL', job_key)
+    if redis.call('DEL', job_key) == 1 then deleted[#deleted + 1] = ARGV[i] end
     redis.call('ZREM', KEYS[2], ARGV[i])
   end
 end
-return n
+return deleted

@@ -12,6 +12,32 @@ local function now_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Fencing tokens. A token must never repeat for a job id, even when Redis lost the record and
+-- the id was created again (journal reconcile, re-enqueue after expiry): a counter kept in the
+-- record would restart at 1 and hand a stale worker the token of the new run. So the base of a
+-- claim's token comes from outside the record: the server's TIME in microseconds, times 1000,
+-- plus a nonce 0-999 drawn by the claimer. A claim takes max(previous + 1, base), so tokens of
+-- one record still only grow, whatever the clock does. A new record collides with an old
+-- token only if the server clock stepped back to that very microsecond and the nonce matched
+-- too. Tokens are 19-digit integers, past a double's 2^53: they are kept as decimal strings in
+-- Lua and incremented by HINCRBY (exact 64-bit arithmetic in Redis), never with Lua numbers.
+-- TIME is read even with an injected clock: the clock moves leases, not token uniqueness.
+local function token_base(nonce)
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d%03d', tonumber(t[2]), tonumber(nonce) % 1000)
+end
+
+-- The claim's token, given the record's current one (`prev`, read by the caller's HMGET). The
+-- caller writes it with its own HSET; only when `prev` is not below the base (a claim within
+-- the same microsecond, or a clock that stepped back) does this write, by HINCRBY.
+local function next_token(job_key, base, prev)
+  if prev and (#prev > #base or (#prev == #base and prev >= base)) then
+    redis.call('HINCRBY', job_key, 'token', 1)
+    return redis.call('HGET', job_key, 'token')
+  end
+  return base
+end
+
 -- Ordering score of a queued job: priority first (lower first); within a priority every LIFO
 -- job (newest first) before every FIFO job (oldest first). The order key (priority, seq, lifo)
 -- lives in the job hash, so a job that comes back to queued gets the same score.

@@ -1,0 +1,96 @@
+"""Hostile input at the REST API, on Redis, SQLite and PostgreSQL: every request gets either a
+4xx answer with the JSON error body docs/api.md describes, or 201 with the value stored
+exactly; never a 5xx, never an HTML page, never a half-written job.
+
+The inputs are the shared strategies of ``tests/strategies.py`` (the Python API test uses
+them too). The request bodies are written by hand: a client may send what ``json.dumps``
+never writes (``NaN``, nesting deeper than any parser's stack).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from django_jobq.queue import get_queue
+
+from ..strategies import Built, built, hostile_ids, hostile_queue_names, hostile_values, same_json
+
+pytestmark = pytest.mark.parametrize("api_backend", ["redis", "sqlite", "postgres"], indirect=True)
+
+LONG = os.environ.get("JOBQ_MODEL_LONG") == "1"
+HOSTILE = settings(
+    max_examples=300 if LONG else 30,
+    deadline=None,
+    derandomize=not LONG,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)  # fmt: skip
+
+
+def json_text(value: Any) -> str:
+    """The JSON text of a drawn value as a client could send it: NaN and Infinity as the
+    bare words many encoders write, deep nesting without recursion."""
+    if isinstance(value, Built) and value.kind != "text":
+        opening, closing = ("[", "]") if value.kind == "list" else ('{"k":', "}")
+        return opening * value.size + "1" + closing * value.size
+    return json.dumps(built(value), allow_nan=True)
+
+
+def assert_json_client_error(response) -> None:
+    assert response.status_code < 500, f"{response.status_code}: {response.content[:300]!r}"
+    assert response["Content-Type"].startswith("application/json"), response.content[:300]
+    assert isinstance(response.json(), dict)
+
+
+@HOSTILE
+@given(payload=hostile_values)
+def test_enqueue_answers_201_and_stores_the_value_exactly_or_a_json_4xx(api, payload):
+    queue = f"hostile-{uuid.uuid4().hex[:10]}"
+    body = '{"id": "job-1", "payload": ' + json_text(payload) + "}"
+    response = api.post(f"/jobq/queues/{queue}/jobs/", body, content_type="application/json")
+    if response.status_code != 201:
+        assert_json_client_error(response)
+        assert response.status_code in (400, 413), response.status_code
+        assert get_queue(queue).get_status("job-1") is None, "refused, yet half-written"
+        return
+    assert same_json(get_queue(queue).get_payload("job-1"), built(payload)), "stored different"
+
+
+@HOSTILE
+@given(job_id=hostile_ids)
+def test_an_odd_job_id_is_stored_under_it_or_answered_400(api, job_id):
+    queue = f"hostile-{uuid.uuid4().hex[:10]}"
+    body = json.dumps({"id": job_id, "payload": 1})  # \u escapes: lone surrogates travel
+    response = api.post(f"/jobq/queues/{queue}/jobs/", body, content_type="application/json")
+    if response.status_code == 201:
+        assert response.json()["id"] == job_id
+        assert get_queue(queue).get_status(job_id) is not None
+        return
+    assert_json_client_error(response)
+    assert response.status_code == 400 and "id" in response.json()
+    assert get_queue(queue).counts()["queued"] == 0
+
+
+def encoded(name: str) -> str:
+    return quote(name, safe="", errors="surrogatepass")
+
+
+@HOSTILE
+@given(queue=hostile_queue_names, job_id=hostile_ids)
+def test_odd_names_in_paths_answer_json_never_html_or_5xx(api, queue, job_id):
+    """Queue names and job ids in URLs (percent-encoded, as a client library sends them): a
+    job that does not exist is a JSON 404, a name that cannot exist too."""
+    path = f"/jobq/queues/{encoded(queue)}/jobs/{encoded(job_id)}/"
+    for response in (api.get(path), api.get(path + "result/"), api.post(path + "cancel/")):
+        assert_json_client_error(response)
+        assert response.status_code in (400, 404), response.status_code

@@ -1,0 +1,74 @@
+"""Tracing across processes: the producer span is made here, the consumer spans in a real
+``runworker`` process (which exports them as JSON lines); the trace context crosses in the
+job's envelope through Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from django_jobq import JobFailed, tracing
+from django_jobq.queue import Queue
+from django_jobq.storage.redis.storage import RedisStorage
+
+from .helpers import Spawner, wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def worker_spans(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.fixture
+def exporter():
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.use_provider(provider)
+    yield spans
+    tracing.use_provider(None)
+    provider.shutdown()
+
+
+def test_worker_spans_are_children_of_the_producer_span(redis_client, redis_prefix, tmp_path,
+                                                        exporter):  # fmt: skip
+    exported = tmp_path / "spans.jsonl"
+    spawn = Spawner(tmp_path, {"JOBQ_TEST_PREFIX": redis_prefix,
+                               "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3"),
+                               "JOBQ_TEST_OTEL_LOG": str(exported)})  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    echo, fail = Queue("tests-echo", storage=storage), Queue("tests-fail", storage=storage)
+    try:
+        worker = spawn("runworker", "tests-echo", "tests-fail", log="worker")
+        assert echo.enqueue_and_wait("te1", {"n": 1}, timeout=30)["echo"] == {"n": 1}
+        with pytest.raises(JobFailed):
+            fail.enqueue_and_wait("tf1", {}, max_attempts=2, min_backoff=10, max_backoff=10,
+                                  timeout=30)  # fmt: skip
+        assert wait_until(lambda: len(worker_spans(exported)) >= 3, 20), Path(
+            worker.log_path
+        ).read_text()
+    finally:
+        spawn.stop_all()
+    producers = {s.attributes["messaging.message.id"]: s for s in exporter.get_finished_spans()}
+    consumers = worker_spans(exported)
+    assert {c["pid"] for c in consumers} == {worker.pid} != {os.getpid()}
+    (echo_span,) = [c for c in consumers if c["attributes"]["messaging.message.id"] == "te1"]
+    assert echo_span["kind"] == "CONSUMER"
+    assert echo_span["trace_id"] == producers["te1"].context.trace_id
+    assert echo_span["parent_id"] == producers["te1"].context.span_id
+    assert echo_span["attributes"]["jobq.outcome"] == "completed"
+    failed = sorted((c for c in consumers if c["attributes"]["messaging.message.id"] == "tf1"),
+                    key=lambda c: c["attributes"]["jobq.attempt"])  # fmt: skip
+    assert [c["attributes"]["jobq.outcome"] for c in failed] == ["retrying", "failed"]
+    for span in failed:
+        assert span["parent_id"] == producers["tf1"].context.span_id
+        assert (span["status"], span["events"]) == ("ERROR", ["exception"])
