@@ -3,6 +3,7 @@
 from .errors import (
     InvalidJobId,
     InvalidOption,
+    InvalidPayload,
     InvalidQueueName,
     JobFailed,
     JobQError,
@@ -43,6 +44,7 @@ __all__ = [
     "FailedJob",
     "InvalidJobId",
     "InvalidOption",
+    "InvalidPayload",
     "InvalidQueueName",
     "Job",
     "JobFailed",

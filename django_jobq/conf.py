@@ -16,6 +16,7 @@ from django.utils.module_loading import import_string
 from .errors import ConfigurationError, JobQError
 from .job import JobOptions
 from .validation import (
+    is_seconds,
     validate_positive_int,
     validate_positive_ms,
     validate_priority,
@@ -92,6 +93,17 @@ DEFAULTS: dict[str, Any] = {
         "MIN_AGE": 5.0,  # seconds an entry is left alone (its push may still be on the way)
         "BATCH": 1000,  # entries read and checked per round trip
     },
+    # The REST API (django_jobq.api, docs/api.md).
+    "API": {
+        # Seconds an Idempotency-Key claim holds while its request runs. A web process killed
+        # inside the request never answers; after this a retry proceeds (its job id still
+        # deduplicates). An enqueue answers in milliseconds, so 30 s is far past any live one.
+        "IDEMPOTENCY_LEASE": 30.0,
+        # Server tracebacks in job errors answered by the API. False: type and message only
+        # (file paths, code lines and library versions stay with the operators; the admin
+        # still shows them to staff).
+        "TRACEBACKS": False,
+    },
     # Celery interoperability (django_jobq.celery_compat, docs/migrating-from-celery.md).
     "CELERY": {
         "BROKER_URL": None,  # kombu URL: publish(), and the bridge of CONSUME_QUEUES
@@ -119,7 +131,16 @@ OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 def jobq_settings() -> dict[str, Any]:
     user = getattr(settings, "JOBQ", {}) or {}
     merged = {**DEFAULTS, **user}
-    for nested in ("JOB_DEFAULTS", "WORKER", "REAPER", "MIRROR", "CELERY", "JOURNAL", "METRICS"):
+    for nested in (
+        "JOB_DEFAULTS",
+        "WORKER",
+        "REAPER",
+        "MIRROR",
+        "CELERY",
+        "JOURNAL",
+        "METRICS",
+        "API",
+    ):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
     if merged["BACKEND"] is None:
         redis_given = merged["REDIS_URL"] or merged["REDIS_CACHE_ALIAS"]
@@ -254,13 +275,14 @@ def check_settings() -> list[str]:
         problems.append(f"JOBQ['SERDE'] {conf['SERDE']!r}: use 'json' or 'msgpack'")
     days = conf["RETENTION_DAYS"]
     if days is not None and (
-        isinstance(days, bool) or not isinstance(days, int | float) or days <= 0
+        not is_seconds(days) or days <= 0  # finite: a number of days
     ):
         problems.append(f"JOBQ['RETENTION_DAYS'] must be a positive number or None, got {days!r}")
     mirror_alias = conf["MIRROR"]["DATABASE_ALIAS"]
     if mirror_alias not in settings.DATABASES:
         problems.append(f"JOBQ['MIRROR']['DATABASE_ALIAS'] {mirror_alias!r} is not in DATABASES")
     problems += _check_celery(conf["CELERY"])
+    problems += _check_api(conf["API"])
     problems += _check_journal(conf)
     size = conf["MAX_PAYLOAD_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -294,13 +316,31 @@ def _check_journal(conf: dict[str, Any]) -> list[str]:
         value = journal[key]
         if value is None and allow_none:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_seconds(value) or value < 0:
             problems.append(
                 f"JOBQ['JOURNAL']['{key}'] must be a number of seconds >= 0, got {value!r}"
             )
     batch = journal["BATCH"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         problems.append(f"JOBQ['JOURNAL']['BATCH'] must be a positive integer, got {batch!r}")
+    return problems
+
+
+def _check_api(api: dict[str, Any]) -> list[str]:
+    problems = []
+    unknown = set(api) - set(DEFAULTS["API"])
+    if unknown:
+        problems.append(f"unknown JOBQ['API'] key(s) {sorted(unknown)}")
+    lease = api["IDEMPOTENCY_LEASE"]
+    if not is_seconds(lease) or lease <= 0:
+        problems.append(
+            f"JOBQ['API']['IDEMPOTENCY_LEASE'] must be a finite number of seconds > 0, got "
+            f"{lease!r}"
+        )
+    if not isinstance(api["TRACEBACKS"], bool):
+        problems.append(
+            f"JOBQ['API']['TRACEBACKS'] must be True or False, got {api['TRACEBACKS']!r}"
+        )
     return problems
 
 

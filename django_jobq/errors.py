@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 
@@ -35,6 +36,13 @@ class PayloadTooLarge(ValidationError):
 
 class SerializationError(ValidationError):
     pass
+
+
+class InvalidPayload(SerializationError):
+    """A value no job can carry: not encodable by the queue's serde, a float that is NaN or
+    infinite (JSON has no spelling for them and the databases refuse them), or nested deeper
+    than the interpreter can walk. Raised where the value enters (enqueue, progress, a
+    handler's result), never later, when a mirror or an API reader would trip over it."""
 
 
 class ConfigurationError(JobQError):
@@ -131,8 +139,12 @@ class RateLimited(Exception):  # noqa: N818 - a signal from a handler, named for
         self, retry_in: float, message: str = "rate limited", *, queue_wide: bool = False
     ) -> None:
         super().__init__(message)
-        if isinstance(retry_in, bool) or not isinstance(retry_in, int | float) or retry_in < 0:
-            raise ValueError(f"retry_in must be a number of seconds >= 0, got {retry_in!r}")
+        if (
+            isinstance(retry_in, bool)
+            or not isinstance(retry_in, int | float)
+            or not 0 <= retry_in < math.inf  # NaN fails both comparisons
+        ):
+            raise ValueError(f"retry_in must be a finite number of seconds >= 0, got {retry_in!r}")
         self.retry_in = retry_in
         self.queue_wide = queue_wide
 

@@ -23,8 +23,10 @@ from .errors import ChildFailed, HardTimeout, PermanentError, RateLimited, Seria
 from .job import PARKED_MS, ChildOutcome, ClaimedJob, Job
 from .queue import serde_for
 from .registry import HandlerRegistry
+from .serde import storable_text
 from .states import JobState
 from .storage.base import Ack
+from .validation import MAX_DURATION_MS, is_seconds
 
 logger = logging.getLogger("django_jobq.worker")
 MAX_ERROR_BYTES = 16 * 1024
@@ -41,15 +43,21 @@ def backoff_ms(attempt: int, min_backoff: int, max_backoff: int, rng: random.Ran
 def requested_retry_ms(exc: BaseException) -> int | None:
     """A delay the error asks for through ``retry_in`` (seconds) or ``retry_at`` (datetime or
     epoch seconds), or None to use the backoff."""
+    # NaN and infinities (from a library's own error, say) fall back to the backoff instead
+    # of crashing the verdict with int(nan).
     retry_in = getattr(exc, "retry_in", None)
-    if isinstance(retry_in, int | float) and not isinstance(retry_in, bool):
-        return max(0, int(retry_in * 1000))
+    if is_seconds(retry_in):
+        return _bounded_ms(retry_in)
     retry_at = getattr(exc, "retry_at", None)
     if isinstance(retry_at, dt.datetime):
         retry_at = retry_at.timestamp()
-    if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
-        return max(0, int((retry_at - time.time()) * 1000))
+    if is_seconds(retry_at):
+        return _bounded_ms(retry_at - time.time())
     return None
+
+
+def _bounded_ms(seconds: float) -> int:
+    return min(MAX_DURATION_MS, max(0, int(seconds * 1000)))
 
 
 def error_body(exc: BaseException, kind: str | None = None) -> bytes:
@@ -57,8 +65,8 @@ def error_body(exc: BaseException, kind: str | None = None) -> bytes:
     tb = "".join(traceback.format_exception(exc))
     record = {
         "type": kind or f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc)[:4096],
-        "traceback": tb[-MAX_ERROR_BYTES:],
+        "message": storable_text(str(exc)[:4096]),
+        "traceback": storable_text(tb[-MAX_ERROR_BYTES:]),
     }
     return json.dumps(record).encode()
 
@@ -175,7 +183,7 @@ def job_timeouts(
 
 
 def _positive(value: Any, default: float | None) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    if is_seconds(value) and value > 0:
         return float(value)
     return default
 
@@ -189,7 +197,7 @@ def error_verdict(
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
     if isinstance(exc, RateLimited):
         # Not a failure of the job: it goes back to waiting and keeps its attempt.
-        wait_ms = max(0, int(exc.retry_in * 1000))
+        wait_ms = _bounded_ms(exc.retry_in)
         logger.info("%s rate limited, runs again in %d ms", label, wait_ms)
         return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait_ms,
                    queue_wide=exc.queue_wide)  # fmt: skip

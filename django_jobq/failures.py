@@ -27,7 +27,7 @@ from .job import FailedJob, FailureCall, decode_error, ms_to_datetime
 from .queue import serde_for
 from .registry import FailureHandler, HandlerRegistry
 from .storage.base import Storage
-from .validation import validate_positive_ms
+from .validation import is_seconds, validate_positive_ms
 
 logger = logging.getLogger("django_jobq.worker")
 # Calls claimed at once per queue. One: calls run one after another, and a call claimed behind
@@ -47,7 +47,7 @@ def _validated(conf: dict[str, Any]) -> tuple[int, int, int, float]:
     if high < low:
         raise ConfigurationError("JOBQ['WORKER']: failure_max_backoff is below failure_backoff")
     poll = conf["failure_poll"]
-    if isinstance(poll, bool) or not isinstance(poll, int | float) or poll <= 0:
+    if not is_seconds(poll) or poll <= 0:
         raise ConfigurationError(f"JOBQ['WORKER']: failure_poll must be > 0 s, got {poll!r}")
     return lease, low, high, float(poll)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidOption
+from .serde import check_json_value, storable_text
 from .states import JobState
 
 #: Log lines kept per job (older ones drop off) and the longest line kept (longer are cut).
@@ -451,10 +452,9 @@ class Job:
         """Publish how far the job got (a number such as 0-100, or a JSON dict), shown by
         ``get_status``, the admin and the API and emitted as a ``progress`` event. Returns
         False when this attempt no longer owns the job (its lease was lost): stop early."""
-        try:
-            body = json.dumps(value, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as exc:
-            raise InvalidOption(f"progress must be JSON-serialisable: {exc}") from exc
+        # Refused here, in the handler, rather than later by the database under the mirror
+        # or the database backend: NaN/Infinity, NUL characters, nesting too deep.
+        body = check_json_value(value, "progress")
         if len(body) > PROGRESS_MAX_BYTES:
             raise InvalidOption(f"progress is {len(body)} bytes of JSON, over {PROGRESS_MAX_BYTES}")
         self.progress = value
@@ -464,7 +464,7 @@ class Job:
         """Keep a line with the job (the last LOG_LINES; longer lines are cut), emitted as a
         ``log`` event. For what an operator looking at this one job should see; use Python
         logging for everything else. Returns False when the lease was lost."""
-        line = str(message)[:LOG_LINE_MAX]
+        line = storable_text(str(message)[:LOG_LINE_MAX])
         self.logs.append(line)
         del self.logs[:-LOG_LINES]
         return self._report(None, line)

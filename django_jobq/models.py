@@ -245,7 +245,9 @@ class Schedule(models.Model):
         SKIP = "skip", "Skip missed ticks"
         RUN_ONCE = "run_once", "Run once for all missed ticks"
 
-    name = models.CharField(max_length=100, unique=True)
+    # Unique per queue, not across queues: a name taken on a queue a credential cannot see must
+    # not be refused to it (the refusal would reveal that schedule). Tick ids are per queue.
+    name = models.CharField(max_length=100)
     queue = models.CharField(max_length=64, default="default")
     cron = models.CharField(
         max_length=120, blank=True, default="",
@@ -269,7 +271,10 @@ class Schedule(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["enabled", "next_run_at"], name="jobq_schedule_due")]
-        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "name"], name="jobq_schedule_queue_name")
+        ]
+        ordering = ["name", "queue"]
 
     def __str__(self) -> str:
         return self.name

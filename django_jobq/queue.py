@@ -64,6 +64,7 @@ from .validation import (
     validate_positive_ms,
     validate_priority,
     validate_queue_name,
+    validate_seconds,
 )
 
 if TYPE_CHECKING:
@@ -95,9 +96,7 @@ def _epoch_ms(name: str, value: dt.datetime) -> int:
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
-        raise InvalidOption(f"{name} must be a number of seconds in (0, 86400], got {value!r}")
-    return float(value)
+    return validate_seconds(name, value, maximum=86400)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -432,8 +431,7 @@ class Queue:
             JobFailed: the job failed for good or was cancelled; ``.error`` has the remote error.
             Timeout: no outcome within ``timeout`` seconds (the job itself keeps running).
         """
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-            raise InvalidOption(f"timeout must be a positive number of seconds, got {timeout!r}")
+        validate_seconds("timeout", timeout)
         if options.get("singleton"):
             # A blocked successor has no outcome until an unrelated run finishes; a caller
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.

@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .job import FailedJob, Job
-from .validation import validate_queue_name
+from .validation import is_seconds, validate_queue_name
 
 Handler = Callable[[Job], Any]
 #: Called once per permanent failure with (payload, job, error); see ``on_failure``.
@@ -36,8 +36,10 @@ class HandlerOptions:
 def _seconds(name: str, value: float | None) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    if not is_seconds(value) or value <= 0:
+        raise ConfigurationError(
+            f"{name} must be a positive, finite number of seconds, got {value!r}"
+        )
     return float(value)
 
 

@@ -1,11 +1,22 @@
-"""Payload and result encodings. No pickle: a queue's bytes must never be able to run code."""
+"""Payload and result encodings. No pickle: a queue's bytes must never be able to run code.
+
+Every value a job carries passes ``dumps`` here, so this is the one place that refuses what
+the rest of the system could not hold: NaN and infinities (JSON has no spelling for them,
+SQLite's ``JSON_VALID`` and PostgreSQL's ``jsonb`` reject them, and a REST reader would get a
+500) and nesting deeper than the interpreter can walk (a raw ``RecursionError`` otherwise).
+Both raise ``InvalidPayload`` before anything is stored.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, Protocol
 
-from .errors import ConfigurationError, SerializationError
+from .errors import ConfigurationError, InvalidPayload
+
+_TOO_DEEP = "nested too deeply"
 
 
 class Serde(Protocol):
@@ -22,19 +33,24 @@ class JSONSerde:
     name = "json"
 
     def __init__(self) -> None:
-        self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+        # allow_nan=False: the C encoder refuses NaN/Infinity while it encodes, at no cost.
+        self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
     def dumps(self, value: Any) -> bytes:
         try:
             return self._encoder.encode(value).encode()
+        except RecursionError:
+            raise InvalidPayload(f"value is {_TOO_DEEP} to encode as JSON") from None
         except (TypeError, ValueError) as exc:
-            raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
+            raise InvalidPayload(f"value is not JSON-serialisable: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:
         try:
             return json.loads(data)
+        except RecursionError:
+            raise InvalidPayload(f"JSON {_TOO_DEEP} to decode") from None
         except (TypeError, ValueError) as exc:
-            raise SerializationError(f"malformed JSON: {exc}") from exc
+            raise InvalidPayload(f"malformed JSON: {exc}") from exc
 
 
 class MsgpackSerde:
@@ -53,18 +69,72 @@ class MsgpackSerde:
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return self._msgpack.packb(value, use_bin_type=True)
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(f"value is not msgpack-serialisable: {exc}") from exc
+            body: bytes = self._msgpack.packb(value, use_bin_type=True)
+        except (TypeError, ValueError) as exc:  # msgpack's own depth limit is a ValueError
+            raise InvalidPayload(f"value is not msgpack-serialisable: {exc}") from exc
+        # msgpack encodes any double; the same rule as JSON keeps a job readable as JSON
+        # (API, admin, mirror). A non-finite double is packed as 0xcb then an exponent of all
+        # ones (0x7f/0xff, 0xf_): bytes without 0xcb 0x7f / 0xcb 0xff hold none, and cost
+        # two scans in C; otherwise (maybe just binary data) the value is walked. packb
+        # succeeded, so the depth is within msgpack's limit.
+        if (b"\xcb\x7f" in body or b"\xcb\xff" in body) and not _finite(value):
+            raise InvalidPayload("value holds a NaN or infinite float (not storable as JSON)")
+        return body
 
     def loads(self, data: bytes) -> Any:
         try:
             return self._msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
-            raise SerializationError(f"malformed msgpack: {exc}") from exc
+            raise InvalidPayload(f"malformed msgpack: {exc}") from exc
+
+
+def _finite(value: Any) -> bool:
+    """True when no float inside ``value`` is NaN or infinite (containers walked)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(k) and _finite(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def check_json_value(value: Any, what: str) -> bytes:
+    """``value`` as compact JSON, refusing what a database JSON column cannot hold: NaN and
+    infinities, nesting too deep, and the NUL character (PostgreSQL's ``jsonb`` rejects
+    ``\\u0000``). For values stored as JSON beside a job (progress)."""
+    body = JSON.dumps(value)
+    if b"\\u0000" in body and _has_nul(value):  # the bytes alone may be an escaped backslash
+        raise InvalidPayload(f"{what} holds a NUL character (\\u0000), which databases refuse")
+    return body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(line: str) -> str:
+    """Text every storage and database can hold: NUL (refused by PostgreSQL's text and jsonb)
+    and lone surrogates (not UTF-8) become U+FFFD. For text that must be kept whatever it
+    holds (log lines, error messages and tracebacks), where refusing would lose the record."""
+    if "\x00" in line:
+        line = line.replace("\x00", "\ufffd")
+    if not line.isascii():
+        line = _SURROGATE.sub("\ufffd", line)
+    return line
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 _SERDES: dict[str, type] = {"json": JSONSerde, "msgpack": MsgpackSerde}
+JSON = JSONSerde()
 
 
 def get_serde(name_or_obj: str | Serde) -> Serde:

@@ -7,14 +7,18 @@ characters) and anything with two Unicode spellings (only ASCII is allowed).
 
 from __future__ import annotations
 
+import math
 import re
+from typing import TypeGuard
 
 from .errors import InvalidJobId, InvalidOption, InvalidQueueName
 
 JOB_ID_MAX_LENGTH = 128
 QUEUE_NAME_MAX_LENGTH = 64
-_JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-_QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+JOB_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
+QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+_QUEUE_RE = re.compile(QUEUE_NAME_PATTERN)
 # Upper bound of any millisecond duration option: ten years. Bounds keep scores exact in doubles.
 MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
 # Priority * 2**42 + sequence must stay exact in a double (Redis scores, Lua numbers).
@@ -47,6 +51,22 @@ def validate_positive_ms(name: str, value: object, *, allow_zero: bool = False) 
     if not low <= value <= MAX_DURATION_MS:
         raise InvalidOption(f"{name} must be between {low} and {MAX_DURATION_MS} ms, got {value}")
     return value
+
+
+def is_seconds(value: object) -> TypeGuard[float]:
+    """A finite real number (not a bool): what every option in seconds must be. NaN passes
+    ``value > 0``-style range checks and infinity passes lower bounds, so both are tested
+    here, once, instead of trusting each comparison."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_seconds(name: str, value: object, *, maximum: float | None = None) -> float:
+    """A positive, finite number of seconds (at most ``maximum`` when given)."""
+    if not is_seconds(value) or value <= 0:
+        raise InvalidOption(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidOption(f"{name} must be at most {maximum} seconds, got {value!r}")
+    return float(value)
 
 
 def validate_positive_int(name: str, value: object, *, minimum: int = 1) -> int:

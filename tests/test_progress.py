@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from django_jobq import InvalidOption, JobState
+from django_jobq import InvalidOption, InvalidPayload, JobState
 from django_jobq.job import LOG_LINE_MAX, Job
 from django_jobq.queue import Queue
 from django_jobq.registry import HandlerRegistry
@@ -89,7 +89,7 @@ def test_a_report_after_the_lease_was_lost_tells_the_handler_to_stop(run):
 
 def test_set_progress_refuses_what_is_not_json_or_too_big():
     job = Job(id="x", queue=Q, payload=None, attempt=1, max_attempts=1)
-    with pytest.raises(InvalidOption):
+    with pytest.raises(InvalidPayload):
         job.set_progress({"when": object()})
     with pytest.raises(InvalidOption):
         job.set_progress("x" * 20_000)

@@ -16,18 +16,20 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 
+from .. import permissions as ops
 from ..conf import get_storage, jobq_settings
+from ..permissions import PERMISSIONS
 from ..queue import Queue, get_queue, serde_for
 from ..validation import validate_queue_name
 
 logger = logging.getLogger("django_jobq.admin")
 
-#: Custom permissions of the Job model (migration 0005): who may change what a job does next.
-CANCEL_PERM = "django_jobq.cancel_job"
-RETRY_PERM = "django_jobq.retry_job"
-CHANGE_PERM = "django_jobq.change_job"
-DELETE_PERM = "django_jobq.delete_job"
-QUEUE_CHANGE_PERM = "django_jobq.change_queueconfig"
+#: Who may change what a job does next: the same map the REST API asks (permissions.py).
+CANCEL_PERM = PERMISSIONS[ops.CANCEL]
+RETRY_PERM = PERMISSIONS[ops.RETRY]
+CHANGE_PERM = PERMISSIONS[ops.CHANGE]
+DELETE_PERM = PERMISSIONS[ops.DELETE]
+QUEUE_CHANGE_PERM = PERMISSIONS[ops.PAUSE]
 
 
 def jobs_alias() -> str:

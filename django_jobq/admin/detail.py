@@ -109,7 +109,7 @@ def related(job: Job, meta: dict[str, Any] | None = None) -> list[tuple[str, str
     base = job.job_id.split("~", 1)[0]
     if base.startswith("schedule."):
         name = base[len("schedule.") :].rsplit(".", 1)[0]
-        schedule = Schedule.objects.using(alias).filter(name=name).first()
+        schedule = Schedule.objects.using(alias).filter(name=name, queue=job.queue).first()
         if schedule is not None:
             url = reverse("admin:django_jobq_schedule_change", args=[schedule.pk])
             links.append(("enqueued by schedule", schedule.name, url))

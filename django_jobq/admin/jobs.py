@@ -21,7 +21,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.timezone import localtime
 
+from .. import permissions as ops
 from ..models import Job
+from ..permissions import user_may
 from ..states import JobState
 from . import detail
 from .actions import ACTIONS, bulk_action, confirm_page, parse_extra, perform, record
@@ -114,10 +116,10 @@ class JobAdmin(admin.ModelAdmin):
         return False  # jobs are enqueued by code, through the Queue API
 
     def has_cancel_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return bool(request.user.has_perm("django_jobq.cancel_job"))
+        return user_may(request.user, ops.CANCEL)
 
     def has_retry_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return bool(request.user.has_perm("django_jobq.retry_job"))
+        return user_may(request.user, ops.RETRY)
 
     # -- columns ---------------------------------------------------------------------------
 

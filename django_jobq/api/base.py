@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from .. import permissions as ops
 from ..conf import jobq_settings
 from ..errors import (
     InvalidJobId,
@@ -26,6 +27,7 @@ from ..errors import (
     StorageUnavailable,
 )
 from ..errors import ValidationError as JobQValidationError
+from ..validation import validate_job_id, validate_queue_name
 from .auth import ApiKeyAuthentication
 from .permissions import JobQPermission
 from .throttling import JobQRateThrottle
@@ -90,6 +92,17 @@ def translate(exc: Exception) -> Exception:
     return exc
 
 
+def check_path(kwargs: dict[str, Any]) -> None:
+    """A queue name or job id in the path that breaks the core's rules names nothing: 404,
+    with the same JSON body as any other unknown job or queue."""
+    for name, validate in (("queue", validate_queue_name), ("job_id", validate_job_id)):
+        if name in kwargs:
+            try:
+                validate(kwargs[name])
+            except JobQValidationError as exc:
+                raise NotFound(str(exc)) from None
+
+
 def check_body_size(request: Any) -> None:
     """Refuse a body too big to parse before reading it. DRF parses JSON from the stream, where
     Django's DATA_UPLOAD_MAX_MEMORY_SIZE is not applied, so the same bound is applied here
@@ -127,9 +140,10 @@ def _parsers() -> list[type[parsers.BaseParser]]:
 
 
 class JobQView(APIView):
-    """Base of the API's views. ``jobq_action`` names the scope a request needs."""
+    """Base of the API's views. ``jobq_operation`` names what a request does (one of
+    ``django_jobq.permissions``): the API key action and the Django permission it needs."""
 
-    jobq_action: str = "read"
+    jobq_operation: str = ops.READ
     # The project's own authentication classes still apply; an API key is one more way in.
     authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     permission_classes = [JobQPermission]
@@ -140,6 +154,7 @@ class JobQView(APIView):
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
+        check_path(kwargs)
         check_body_size(request)
 
     def handle_exception(self, exc: Exception) -> Response:

@@ -14,6 +14,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..broadcast import Broadcast, broadcast_names
 from ..storage.broadcast_base import PublishOutcome
 from .base import JobQView
@@ -80,33 +81,36 @@ class BroadcastView(JobQView):
 
 
 class BroadcastListView(BroadcastView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="broadcast_list",
                    responses={200: BroadcastSerializer(many=True), **ERRORS})  # fmt: skip
     def get(self, request: Request) -> Response:
+        """Broadcasts this credential may read, each with its groups' status."""
         allowed = allowed_queues(request)
         names = [n for n in broadcast_names() if allowed is None or n in allowed]
         return Response([describe(n) for n in names])
 
 
 class BroadcastDetailView(BroadcastView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="broadcast_detail",
                    responses={200: BroadcastSerializer, 404: None, **ERRORS})  # fmt: skip
     def get(self, request: Request, broadcast: str) -> Response:
+        """One broadcast: messages retained and every group's lag, pending, dead, missed."""
         if broadcast not in broadcast_names():
             raise NotFound(f"no broadcast {broadcast!r}")
         return Response(describe(broadcast))
 
 
 class GroupStatusView(BroadcastView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="broadcast_group",
                    responses={200: GroupStatusSerializer, 404: None, **ERRORS})  # fmt: skip
     def get(self, request: Request, broadcast: str, group: str) -> Response:
+        """One subscriber group's status."""
         for g in describe(broadcast)["groups"]:
             if g["group"] == group:
                 return Response(g)
@@ -114,7 +118,7 @@ class GroupStatusView(BroadcastView):
 
 
 class PublishView(BroadcastView):
-    jobq_action = "enqueue"
+    jobq_operation = ops.ENQUEUE
 
     @extend_schema(
         operation_id="broadcast_publish",

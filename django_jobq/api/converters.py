@@ -1,11 +1,14 @@
-"""URL converters matching the core's name rules, so a malformed queue name or job id in a
-path is an unknown resource (404) before any view runs."""
+"""URL converters of queue names and job ids in API paths.
+
+They accept any path segment: a malformed name is then refused by the view (``JobQView``
+checks it against the core's rules) with the API's JSON 404 body. Refused here, by the URL
+resolver, it became Django's HTML 404 page, which an API client cannot parse."""
 
 from __future__ import annotations
 
 
 class QueueNameConverter:
-    regex = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}"
+    regex = r"[^/]+"
 
     def to_python(self, value: str) -> str:
         return value
@@ -15,4 +18,4 @@ class QueueNameConverter:
 
 
 class JobIdConverter(QueueNameConverter):
-    regex = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
+    pass

@@ -11,6 +11,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..queue import get_queue
 from .base import JobQView
 from .jobs import ERRORS
@@ -46,7 +47,7 @@ def _json_payload(payload: Any) -> Any:
 
 
 class DeadLetterListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(
         operation_id="dead_letter_list",

@@ -4,7 +4,14 @@ for the same key and body; the same key with another body is refused (422).
 A row is claimed *before* the request runs, so two concurrent requests with one key cannot both
 enqueue: the second sees the claim and gets 409 until the first has answered. Only successful
 answers are kept; after a refusal (400, 413, ...) the client may fix the body and reuse the key.
-Keys are per credential: two clients choosing the same key never see each other's answers."""
+Keys are per credential: two clients choosing the same key never see each other's answers.
+
+A claim is a lease (``JOBQ["API"]["IDEMPOTENCY_LEASE"]``, 30 s): a web process killed inside
+the request leaves its claim behind and never answers, and without a lease every retry would
+get 409 for the whole day the key lives. After the lease a retry takes the claim over and runs;
+the job id (given by the client, or the one the dead request stored) keeps that one job. The
+claim's ``created_at`` is its stamp: only the request holding the current stamp stores its
+answer, so a slow first request that lost its lease cannot overwrite the retry's."""
 
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ..conf import jobq_settings
 from ..models import IdempotencyRecord
 from .permissions import request_key
 
@@ -59,25 +67,29 @@ def idempotent(request: Request, run: Callable[[], Response]) -> Response:
     if not 1 <= len(key) <= 255 or not key.isprintable():
         raise ValidationError({HEADER: ["must be 1-255 printable characters"]})
     owner, fingerprint = _owner(request), _fingerprint(request)
-    replay = _claim(owner, key, fingerprint)
-    if replay is not None:
-        return replay
+    claim = _claim(owner, key, fingerprint)
+    if isinstance(claim, Response):
+        return claim
+    ours = IdempotencyRecord.objects.filter(owner=owner, key=key, created_at=claim,
+                                            status_code=IN_FLIGHT)  # fmt: skip
     try:
         response = run()
     except BaseException:
-        IdempotencyRecord.objects.filter(owner=owner, key=key).delete()
+        ours.delete()
         raise
     if status.is_success(response.status_code):
-        IdempotencyRecord.objects.filter(owner=owner, key=key).update(
-            status_code=response.status_code, response=response.data
-        )
+        ours.update(status_code=response.status_code, response=response.data)
     else:
-        IdempotencyRecord.objects.filter(owner=owner, key=key).delete()
+        ours.delete()
     return response
 
 
-def _claim(owner: str, key: str, fingerprint: str) -> Response | None:
-    """Claim the key (None: go ahead) or answer from what is stored under it."""
+def lease() -> dt.timedelta:
+    return dt.timedelta(seconds=jobq_settings()["API"]["IDEMPOTENCY_LEASE"])
+
+
+def _claim(owner: str, key: str, fingerprint: str) -> Response | dt.datetime:
+    """Claim the key (the claim's stamp: go ahead) or answer from what is stored under it."""
     now = timezone.now()
     for _ in range(2):
         try:
@@ -87,7 +99,7 @@ def _claim(owner: str, key: str, fingerprint: str) -> Response | None:
                     response={}, created_at=now, expires_at=now + TTL,
                 )  # fmt: skip
             _forget_expired(now)
-            return None
+            return now
         except IntegrityError:
             row = IdempotencyRecord.objects.filter(owner=owner, key=key).first()
             if row is None:
@@ -95,8 +107,27 @@ def _claim(owner: str, key: str, fingerprint: str) -> Response | None:
             if row.expires_at <= now:
                 IdempotencyRecord.objects.filter(pk=row.pk).delete()
                 continue
+            if _abandoned(row, fingerprint, now) and _take_over(row, now):
+                return now
             return _stored_answer(row, fingerprint)
     raise KeyInFlight()
+
+
+def _abandoned(row: IdempotencyRecord, fingerprint: str, now: dt.datetime) -> bool:
+    """A claim of this very request whose lease ran out: its request died without answering."""
+    return (
+        row.status_code == IN_FLIGHT
+        and row.request_hash == fingerprint
+        and row.created_at + lease() <= now
+    )
+
+
+def _take_over(row: IdempotencyRecord, now: dt.datetime) -> bool:
+    """Move the claim's stamp to now, if no other retry did first (one UPDATE decides)."""
+    taken = IdempotencyRecord.objects.filter(
+        pk=row.pk, status_code=IN_FLIGHT, created_at=row.created_at
+    ).update(created_at=now)
+    return taken == 1
 
 
 def _stored_answer(row: IdempotencyRecord, fingerprint: str) -> Response:

@@ -12,11 +12,13 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult, RetryOutcome
 from ..queue import Queue, get_queue
 from ..states import TERMINAL_STATES
 from .base import Conflict, JobQView
 from .idempotency import HEADER, idempotent
+from .permissions import may_read
 from .serializers import (
     ActionResultSerializer,
     BulkEnqueueSerializer,
@@ -27,6 +29,7 @@ from .serializers import (
     JobResultSerializer,
     JobStatusSerializer,
     enqueue_spec,
+    public_error,
 )
 from .waiting import MAX_WAIT, wait_for_result
 
@@ -47,15 +50,20 @@ ERRORS = {
 }
 
 
-def enqueue_body(queue: Queue, result: EnqueueResult) -> dict[str, Any]:
-    return {
-        "id": result.job_id, "queue": queue.name, "outcome": result.outcome.value,
-        "state": result.state.value, "result": result.result, "error": result.error,
-    }  # fmt: skip
+def enqueue_body(queue: Queue, result: EnqueueResult, *, may_read: bool) -> dict[str, Any]:
+    """The answer to an enqueue. Re-enqueueing a known id answers with that job's state,
+    result and error; a credential without ``read`` gets the outcome word only, or an
+    enqueue-only key could read any job whose id it can guess."""
+    body = {"id": result.job_id, "queue": queue.name, "outcome": result.outcome.value,
+            "state": None, "result": None, "error": None}  # fmt: skip
+    if may_read:
+        body.update(state=result.state.value, result=result.result,
+                    error=public_error(result.error))  # fmt: skip
+    return body
 
 
 class EnqueueView(JobQView):
-    jobq_action = "enqueue"
+    jobq_operation = ops.ENQUEUE
 
     @extend_schema(
         operation_id="enqueue",
@@ -79,13 +87,14 @@ class EnqueueView(JobQView):
             result = q.enqueue(spec.pop("id", None), spec.pop("payload", None), **spec)
             # pending: journal mode stored it in the database; Redis gets it on commit
             created = result.outcome in (EnqueueOutcome.QUEUED, EnqueueOutcome.PENDING)
-            return Response(enqueue_body(q, result), status=201 if created else status.HTTP_200_OK)
+            body = enqueue_body(q, result, may_read=may_read(request))
+            return Response(body, status=201 if created else status.HTTP_200_OK)
 
         return idempotent(request, run)
 
 
 class BulkEnqueueView(JobQView):
-    jobq_action = "enqueue"
+    jobq_operation = ops.ENQUEUE
 
     @extend_schema(
         operation_id="enqueue_bulk",
@@ -107,13 +116,14 @@ class BulkEnqueueView(JobQView):
                 spec["id"] = spec.get("id")
                 items.append(spec)
             results = q.enqueue_many(items)
-            return Response({"results": [enqueue_body(q, r) for r in results]})
+            reader = may_read(request)
+            return Response({"results": [enqueue_body(q, r, may_read=reader) for r in results]})
 
         return idempotent(request, run)
 
 
 class JobStatusView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="job_status", responses={200: JobStatusSerializer, 404: None,
                                                          **ERRORS})  # fmt: skip
@@ -134,7 +144,7 @@ class WaitSerializer(serializers.Serializer):
 
 
 class JobResultView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(
         operation_id="job_result",
@@ -153,13 +163,13 @@ class JobResultView(JobQView):
         body = {
             "id": job_id, "queue": queue, "state": result.state.value,
             "ready": result.state in TERMINAL_STATES, "value": result.value,
-            "error": result.error,
+            "error": public_error(result.error),
         }  # fmt: skip
         return Response(body)
 
 
 class CancelView(JobQView):
-    jobq_action = "manage"
+    jobq_operation = ops.CANCEL
 
     @extend_schema(
         operation_id="job_cancel",
@@ -195,7 +205,7 @@ class CancelView(JobQView):
 
 
 class RetryView(JobQView):
-    jobq_action = "manage"
+    jobq_operation = ops.RETRY
 
     @extend_schema(
         operation_id="job_retry",

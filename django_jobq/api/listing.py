@@ -12,12 +12,13 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..conf import get_storage
 from ..models import Job
 from ..schedules import schedules_alias
 from ..states import JobState
+from ..validation import QUEUE_NAME_PATTERN
 from .base import JobQView
-from .converters import QueueNameConverter
 from .jobs import ERRORS
 from .pagination import page
 from .permissions import allowed_queues
@@ -30,7 +31,7 @@ def rows_alias() -> str:
 
 
 class JobFilterSerializer(serializers.Serializer):
-    queue = serializers.RegexField(rf"^{QueueNameConverter.regex}\Z", required=False)
+    queue = serializers.RegexField(rf"^{QUEUE_NAME_PATTERN}\Z", required=False)
     state = serializers.ChoiceField(choices=JobState.choices, required=False)
     handler = serializers.CharField(required=False, max_length=200)
     created_after = serializers.DateTimeField(required=False)
@@ -60,7 +61,7 @@ def filtered(request: Request, params: dict) -> QuerySet:
 
 
 class JobListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(
         operation_id="job_list",

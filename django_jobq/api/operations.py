@@ -10,7 +10,8 @@ from django.db.models import Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
@@ -19,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import mirror_check
+from .. import permissions as ops
 from ..conf import get_storage, jobq_settings
 from ..job import ms_to_datetime
 from ..models import Job, MirrorReject, Schedule
@@ -29,7 +31,7 @@ from ..storage.base import Storage, WorkerRecord
 from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias
-from .permissions import allowed_queues, may_see_queue
+from .permissions import allowed_queues, may_read, may_see_queue
 from .queues import known_queues
 from .serializers import (
     EnqueueResultSerializer,
@@ -52,7 +54,7 @@ def worker_body(rec: WorkerRecord) -> dict[str, Any]:
 
 
 class WorkerListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="worker_list", responses={200: WorkerSerializer(many=True),
                                                           **ERRORS})  # fmt: skip
@@ -67,7 +69,7 @@ class WorkerListView(JobQView):
 
 
 class ScheduleListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.SCHEDULE_READ
 
     @extend_schema(operation_id="schedule_list", responses={200: ScheduleSerializer(many=True),
                                                             **ERRORS})  # fmt: skip
@@ -79,20 +81,45 @@ class ScheduleListView(JobQView):
         return Response(ScheduleSerializer(schedules, many=True).data)
 
 
-class ScheduleRunView(JobQView):
-    jobq_action = "manage"
+SCHEDULE_QUEUE = OpenApiParameter(
+    "queue", OpenApiTypes.STR, OpenApiParameter.QUERY,
+    description="the schedule's queue: needed only when the credential sees schedules of this "
+    "name on several queues (names are unique per queue)",
+)  # fmt: skip
 
-    @extend_schema(operation_id="schedule_run", request=None,
+
+def find_schedule(request: Request, name: str) -> Schedule:
+    """The schedule ``name`` among those this credential may see (``?queue=`` picks one when
+    several queues have one of that name). Schedules of other queues do not exist for it: a
+    key scoped to other queues gets 404, as its schedule list shows nothing."""
+    found = Schedule.objects.using(rows_alias()).filter(name=name)
+    queue = request.query_params.get("queue")
+    if queue is not None:
+        found = found.filter(queue=queue)
+    allowed = allowed_queues(request)
+    if allowed is not None:
+        found = found.filter(queue__in=sorted(allowed))
+    schedules = list(found[:2])
+    if not schedules:
+        raise NotFound(f"no schedule {name!r}")
+    if len(schedules) > 1:
+        raise serializers.ValidationError(
+            {"queue": [f"schedules named {name!r} exist on several queues: give ?queue="]}
+        )
+    return schedules[0]
+
+
+class ScheduleRunView(JobQView):
+    jobq_operation = ops.SCHEDULE_CHANGE
+
+    @extend_schema(operation_id="schedule_run", request=None, parameters=[SCHEDULE_QUEUE],
                    responses={200: EnqueueResultSerializer, 404: None, **ERRORS})  # fmt: skip
     def post(self, request: Request, name: str) -> Response:
         """Enqueue one extra run of a schedule now (``schedule.<name>.manual-<ms>``); its
         regular ticks are not affected. The credential needs ``manage`` on its queue."""
-        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
-        # A key scoped to other queues is told nothing, as its schedule list shows nothing.
-        if schedule is None or not may_see_queue(request, schedule.queue):
-            raise NotFound(f"no schedule {name!r}")
+        schedule = find_schedule(request, name)
         result = fire_now(schedule, storage=get_storage())
-        return Response(enqueue_body(get_queue(schedule.queue), result))
+        return Response(enqueue_body(get_queue(schedule.queue), result, may_read=may_read(request)))
 
 
 # -- health -----------------------------------------------------------------------------------
@@ -197,10 +224,12 @@ def _edits(data: Any, *, partial: bool) -> dict[str, Any]:
 
 
 class ScheduleCreateView(ScheduleListView):
-    jobq_action = "read"
+    jobq_operation = ops.SCHEDULE_READ
 
     def get_permissions(self) -> list:
-        self.jobq_action = "manage" if self.request.method == "POST" else "read"
+        self.jobq_operation = (
+            ops.SCHEDULE_ADD if self.request.method == "POST" else ops.SCHEDULE_READ
+        )
         return super().get_permissions()
 
     @extend_schema(operation_id="schedule_create", request=ScheduleWriteSerializer,
@@ -215,8 +244,11 @@ class ScheduleCreateView(ScheduleListView):
         if not may_see_queue(request, fields["queue"]):
             raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
         schedules = Schedule.objects.using(rows_alias())
-        if schedules.filter(name=name).exists():
-            raise Conflict(f"a schedule named {name!r} exists", "exists")
+        # Names are unique per queue, and the credential may see this queue: a schedule of the
+        # same name on a queue it cannot see is neither a conflict nor revealed.
+        if schedules.filter(name=name, queue=fields["queue"]).exists():
+            raise Conflict(f"a schedule named {name!r} exists on queue {fields['queue']!r}",
+                           "exists")  # fmt: skip
         schedule = _validated(Schedule(name=name, **fields))
         schedule.save(using=rows_alias())
         return Response(ScheduleSerializer(schedule).data, status=201)
@@ -224,21 +256,21 @@ class ScheduleCreateView(ScheduleListView):
 
 class ScheduleDetailView(JobQView):
     def get_permissions(self) -> list:
-        self.jobq_action = "read" if self.request.method == "GET" else "manage"
+        self.jobq_operation = {"GET": ops.SCHEDULE_READ, "DELETE": ops.SCHEDULE_DELETE}.get(
+            self.request.method or "", ops.SCHEDULE_CHANGE
+        )
         return super().get_permissions()
 
     def _schedule(self, request: Request, name: str) -> Schedule:
-        schedule = Schedule.objects.using(rows_alias()).filter(name=name).first()
-        if schedule is None or not may_see_queue(request, schedule.queue):
-            raise NotFound(f"no schedule {name!r}")
-        return schedule
+        return find_schedule(request, name)
 
-    @extend_schema(operation_id="schedule_get",
+    @extend_schema(operation_id="schedule_get", parameters=[SCHEDULE_QUEUE],
                    responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
     def get(self, request: Request, name: str) -> Response:
         return Response(ScheduleSerializer(self._schedule(request, name)).data)
 
     @extend_schema(operation_id="schedule_update", request=ScheduleWriteSerializer,
+                   parameters=[SCHEDULE_QUEUE],
                    responses={200: ScheduleSerializer, 404: None, **ERRORS})  # fmt: skip
     def patch(self, request: Request, name: str) -> Response:
         """Change some fields; a new cron, interval or time zone recomputes the next run."""
@@ -246,6 +278,10 @@ class ScheduleDetailView(JobQView):
         fields = _edits(request.data, partial=True)
         if "queue" in fields and not may_see_queue(request, fields["queue"]):
             raise PermissionDenied(f"this API key is not scoped to queue {fields['queue']!r}")
+        moved_to = fields.get("queue", schedule.queue)
+        others = Schedule.objects.using(rows_alias()).exclude(pk=schedule.pk)
+        if others.filter(name=name, queue=moved_to).exists():
+            raise Conflict(f"a schedule named {name!r} exists on queue {moved_to!r}", "exists")
         for field, value in fields.items():
             setattr(schedule, field, value)
         if "cron" in fields and fields["cron"]:
@@ -255,7 +291,7 @@ class ScheduleDetailView(JobQView):
         _validated(schedule).save(using=rows_alias())
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(operation_id="schedule_delete", request=None,
+    @extend_schema(operation_id="schedule_delete", request=None, parameters=[SCHEDULE_QUEUE],
                    responses={204: None, 404: None, **ERRORS})  # fmt: skip
     def delete(self, request: Request, name: str) -> Response:
         """Delete a schedule; jobs it already enqueued are not touched."""

@@ -1,8 +1,10 @@
 """Who may do what: API keys by their scopes, Django users by Django permissions.
 
-Every view names the action it needs (``jobq_action``: enqueue, read or manage). A key needs
-that action and, for a view on one queue, that queue; a list across queues is filtered to the
-key's queues (``allowed_queues``), so a key scoped to queue A never sees a job of queue B."""
+Every view names the operation it performs (``jobq_operation``, from ``django_jobq.permissions``).
+A key needs the action the operation belongs to (enqueue, read or manage) and, for a view on
+one queue, that queue; a list across queues is filtered to the key's queues
+(``allowed_queues``), so a key scoped to queue A never sees a job of queue B. A Django user
+needs the permission the admin asks for the same operation (one map for both)."""
 
 from __future__ import annotations
 
@@ -12,18 +14,20 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from ..models import ApiKey
-
-# A Django user (session, token or any project authentication) needs the permission on the
-# Job model that matches the action; superusers have them all.
-USER_PERMISSIONS = {
-    ApiKey.Action.READ: "django_jobq.view_job",
-    ApiKey.Action.ENQUEUE: "django_jobq.add_job",
-    ApiKey.Action.MANAGE: "django_jobq.change_job",
-}
+from ..permissions import API_ACTIONS, PERMISSIONS, READ, user_may
 
 
 def request_key(request: Request) -> ApiKey | None:
     return request.auth if isinstance(request.auth, ApiKey) else None
+
+
+def may_read(request: Request) -> bool:
+    """Whether this credential may read jobs (the ``read`` action of a key, or the permission
+    the admin asks for viewing jobs)."""
+    key = request_key(request)
+    if key is None:
+        return user_may(request.user, READ)
+    return bool(key.allows_action(API_ACTIONS[READ]))
 
 
 def allowed_queues(request: Request) -> set[str] | None:
@@ -45,10 +49,14 @@ class JobQPermission(BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        action = view.jobq_action
+        operation = view.jobq_operation
         key = request_key(request)
         if key is None:
-            return bool(request.user.has_perm(USER_PERMISSIONS[action]))
+            if user_may(request.user, operation):
+                return True
+            self.message = f"this user lacks the {PERMISSIONS[operation]!r} permission"
+            return False
+        action = API_ACTIONS[operation]
         if not key.allows_action(action):
             self.message = f"this API key lacks the {action!r} action"
             return False

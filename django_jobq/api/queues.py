@@ -12,6 +12,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .. import permissions as ops
 from ..conf import get_storage, jobq_settings
 from ..models import Job
 from ..queue import Queue, get_queue
@@ -73,7 +74,7 @@ def describe_queue(q: Queue) -> dict[str, Any]:
 
 
 class QueueListView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="queue_list", responses={200: QueueSerializer(many=True),
                                                          **ERRORS})  # fmt: skip
@@ -82,7 +83,7 @@ class QueueListView(JobQView):
 
 
 class QueueDetailView(JobQView):
-    jobq_action = "read"
+    jobq_operation = ops.READ
 
     @extend_schema(operation_id="queue_detail", responses={200: QueueSerializer, 404: None,
                                                            **ERRORS})  # fmt: skip
@@ -93,7 +94,7 @@ class QueueDetailView(JobQView):
 
 
 class PauseView(JobQView):
-    jobq_action = "manage"
+    jobq_operation = ops.PAUSE
     pause = True
 
     @extend_schema(request=None, responses={200: PausedSerializer, **ERRORS})

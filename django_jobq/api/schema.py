@@ -17,6 +17,7 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import IsAuthenticated
 
+from ..validation import JOB_ID_PATTERN, QUEUE_NAME_PATTERN
 from .base import JobQView
 
 SETTINGS = {
@@ -27,6 +28,12 @@ SETTINGS = {
     ),
     "VERSION": "0.1.0",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The paths accept any segment (a malformed name gets the JSON 404); the schema states
+    # the names that can exist.
+    "PATH_CONVERTER_OVERRIDES": {
+        "jobq_queue": {"type": "string", "pattern": f"^{QUEUE_NAME_PATTERN}$"},
+        "jobq_job": {"type": "string", "pattern": f"^{JOB_ID_PATTERN}$"},
+    },
     "ENUM_NAME_OVERRIDES": {"JobStateEnum": "django_jobq.states.JobState"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

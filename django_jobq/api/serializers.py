@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from ..conf import jobq_settings
 from ..errors import InvalidJobId, PayloadTooLarge
 from ..errors import ValidationError as JobQValidationError
 from ..job import DedupMode
@@ -94,15 +95,39 @@ class BulkEnqueueSerializer(serializers.Serializer):
     jobs = EnqueueSerializer(many=True, allow_empty=False, max_length=MAX_BULK)
 
 
+def public_error(error: Any) -> Any:
+    """A job's error as the API answers it. Unless ``JOBQ["API"]["TRACEBACKS"]`` is True the
+    traceback is withheld (null): it shows the server's file paths, code lines and library
+    versions to every credential with ``read``, while a client needs the type and message to
+    decide what to do. Operators read the whole traceback in the admin."""
+    if not isinstance(error, dict) or error.get("traceback") is None:
+        return error
+    if jobq_settings()["API"]["TRACEBACKS"]:
+        return error
+    return {**error, "traceback": None}
+
+
+class ErrorField(serializers.JSONField):
+    """A job's error: ``{"type", "message", "traceback"}``, the traceback withheld by default."""
+
+    def to_representation(self, value: Any) -> Any:
+        return public_error(super().to_representation(value))
+
+
 class EnqueueResultSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
     outcome = serializers.ChoiceField(
         choices=["queued", "duplicate", "completed", "updated", "pending"]
     )
-    state = serializers.ChoiceField(choices=JobState.choices)
-    result = serializers.JSONField(allow_null=True, help_text="cached result (completed)")
-    error = serializers.JSONField(allow_null=True)
+    state = serializers.ChoiceField(
+        choices=JobState.choices, allow_null=True,
+        help_text="null when the credential may not read jobs (no read action/permission)",
+    )  # fmt: skip
+    result = serializers.JSONField(
+        allow_null=True, help_text="cached result (completed); null without read"
+    )
+    error = ErrorField(allow_null=True, help_text="null without read")
 
 
 class BulkResultSerializer(serializers.Serializer):
@@ -122,7 +147,7 @@ class JobStatusSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     worker = serializers.CharField(allow_null=True)
-    error = serializers.JSONField(allow_null=True)
+    error = ErrorField(allow_null=True)
     lifo = serializers.BooleanField()
     group = serializers.CharField(allow_null=True)
     dedup_key = serializers.CharField(allow_null=True)
@@ -144,7 +169,7 @@ class JobResultSerializer(serializers.Serializer):
         help_text="true once the job is completed, failed or cancelled"
     )
     value = serializers.JSONField(allow_null=True)
-    error = serializers.JSONField(allow_null=True)
+    error = ErrorField(allow_null=True)
 
 
 class ActionResultSerializer(serializers.Serializer):
@@ -163,6 +188,7 @@ class JobRowSerializer(serializers.ModelSerializer):
     """A job in a list: the mirrored row (Redis) or the row itself (database backend)."""
 
     id = serializers.SerializerMethodField()
+    error = ErrorField(allow_null=True)
 
     class Meta:
         model = Job

@@ -29,10 +29,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import jobq_settings, queue_defaults
-from ..errors import ConfigurationError, InvalidQueueName, PermanentError, ValidationError
+from ..errors import (
+    ConfigurationError,
+    InvalidOption,
+    InvalidQueueName,
+    PermanentError,
+    ValidationError,
+)
 from ..job import Job
 from ..registry import registry
-from ..validation import validate_queue_name
+from ..validation import is_seconds, validate_queue_name
 from .protocol import CeleryTask, MalformedMessage, build, job_id_for, parse
 from .results import CeleryResultWriter
 
@@ -164,6 +170,9 @@ def publish(
     if not url:
         raise ConfigurationError("no broker: pass broker_url or set JOBQ['CELERY']['BROKER_URL']")
     task_id = task_id or str(uuid.uuid4())
+    for name, value in (("countdown", countdown), ("expires", expires)):
+        if value is not None and not isinstance(value, dt.datetime) and not is_seconds(value):
+            raise InvalidOption(f"{name} must be a finite number of seconds, got {value!r}")
     if eta is None and countdown is not None:
         eta = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=countdown)
     if isinstance(expires, int | float):

@@ -90,6 +90,10 @@ def parse(
         raise MalformedMessage(f"content type {content_type!r} refused: only JSON is accepted")
     try:
         decoded = kombu_loads(body.decode() if isinstance(body, bytes) else body)
+    except RecursionError:
+        # Not a storage failure: left to the bridge's catch-all, the message would be
+        # requeued and redelivered forever.
+        raise MalformedMessage("body is JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"body is not valid JSON: {exc}") from exc
     headers = dict(headers or {})
@@ -143,9 +147,12 @@ def build(
     try:
         body = kombu_dumps(
             [list(args), dict(kwargs), {"callbacks": None, "errbacks": None,
-                                        "chain": None, "chord": None}]
+                                        "chain": None, "chord": None}],
+            allow_nan=False,  # NaN/Infinity are not JSON: other consumers would refuse them
         )  # fmt: skip
-    except TypeError as exc:
+    except RecursionError:
+        raise ValidationError("arguments are nested too deeply") from None
+    except (TypeError, ValueError) as exc:
         raise ValidationError(f"arguments are not JSON-serialisable: {exc}") from exc
     headers = {
         "lang": "py",

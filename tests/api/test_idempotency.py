@@ -77,3 +77,58 @@ def test_bulk_enqueue_is_idempotent_too(api):
 
 def test_overlong_key_is_400(api):
     assert post(api, {"payload": 1}, "k" * 300).status_code == 400
+
+
+# -- a claim left by a web process that died inside the request -------------------------------
+# SIGKILL between the claim and the answer leaves the row exactly as the claim wrote it:
+# status 0 ("in flight"), created at the moment of the claim. Time is moved by writing that
+# moment (``claimed_ago``), never by waiting.
+
+
+def claimed_ago(seconds: float, *, job_too: bool) -> None:
+    """Turn the stored answer back into the claim a killed request leaves behind, made
+    ``seconds`` ago; without ``job_too`` the request died before its enqueue reached storage."""
+    at = timezone.now() - dt.timedelta(seconds=seconds)
+    IdempotencyRecord.objects.update(status_code=0, response={}, created_at=at)
+    if not job_too:
+        get_queue("tests-echo").cancel("dead-1")
+        assert get_queue("tests-echo").delete(["dead-1"]) == 1
+
+
+def test_in_flight_key_of_a_dead_request_is_409_within_its_lease(api, settings):
+    settings.JOBQ = {**settings.JOBQ, "API": {"IDEMPOTENCY_LEASE": 30}}
+    post(api, {"id": "dead-1", "payload": 1}, "k-7")
+    claimed_ago(25, job_too=True)
+    assert post(api, {"id": "dead-1", "payload": 1}, "k-7").status_code == 409
+
+
+def test_after_the_lease_a_retry_proceeds_and_the_job_id_keeps_it_one_job(api, settings):
+    settings.JOBQ = {**settings.JOBQ, "API": {"IDEMPOTENCY_LEASE": 30}}
+    post(api, {"id": "dead-1", "payload": 1}, "k-8")
+    claimed_ago(31, job_too=True)  # died after its enqueue, before storing the answer
+    retry = post(api, {"id": "dead-1", "payload": 1}, "k-8")
+    assert retry.status_code == 200 and retry.json()["outcome"] == "duplicate"
+    again = post(api, {"id": "dead-1", "payload": 1}, "k-8")
+    assert again["Idempotent-Replayed"] == "true" and again.json() == retry.json()
+    assert get_queue("tests-echo").counts()["queued"] == 1
+
+
+def test_after_the_lease_a_retry_stores_the_job_the_dead_request_never_did(api, settings):
+    settings.JOBQ = {**settings.JOBQ, "API": {"IDEMPOTENCY_LEASE": 30}}
+    post(api, {"id": "dead-1", "payload": 1}, "k-9")
+    claimed_ago(31, job_too=False)
+    assert get_queue("tests-echo").get_status("dead-1") is None
+    other = post(api, {"id": "dead-2", "payload": 1}, "k-9")  # another body: still refused
+    assert other.status_code == 422
+    retry = post(api, {"id": "dead-1", "payload": 1}, "k-9")
+    assert retry.status_code == 201 and retry.json()["outcome"] == "queued"
+    assert IdempotencyRecord.objects.get().status_code == 201
+    assert get_queue("tests-echo").counts()["queued"] == 1
+
+
+def test_the_lease_defaults_to_30_seconds(api):
+    post(api, {"id": "dead-1", "payload": 1}, "k-10")
+    claimed_ago(29, job_too=True)
+    assert post(api, {"id": "dead-1", "payload": 1}, "k-10").status_code == 409
+    claimed_ago(31, job_too=True)
+    assert post(api, {"id": "dead-1", "payload": 1}, "k-10").status_code == 200

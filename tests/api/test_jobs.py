@@ -248,3 +248,33 @@ def test_body_over_the_upload_limit_is_413_before_it_is_parsed(api, settings):
 def test_result_wait_nan_is_400(api):
     api.post(URL + "jobs/", {"id": "nan"}, format="json")
     assert api.get(URL + "jobs/nan/result/?wait=nan").status_code == 400
+
+
+def test_a_non_finite_float_in_a_request_body_is_400_and_stores_nothing(api):
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        body = '{"id": "nf", "payload": {"x": ' + literal + "}}"
+        response = api.post(URL + "jobs/", body, content_type="application/json")
+        assert response.status_code == 400, literal
+    assert get_queue("tests-echo").get_status("nf") is None
+
+
+def test_a_handler_returning_nan_leaves_a_job_the_api_can_read(api_backend, api):
+    """Stored, a NaN result made every REST read of the job a 500; now the attempt fails with
+    BadResult, which reads back like any other failure."""
+    from django_jobq.conf import get_storage
+    from django_jobq.registry import HandlerRegistry
+    from django_jobq.worker import Worker
+
+    handlers = HandlerRegistry()
+    handlers.register("api-nan", lambda job: {"score": float("nan")})
+    worker = Worker(["api-nan"], storage=get_storage(), handlers=handlers, lease=5000, grace=1)
+    worker.start()
+    try:
+        api.post("/jobq/queues/api-nan/jobs/", {"id": "n1"}, format="json")
+        result = api.get("/jobq/queues/api-nan/jobs/n1/result/?wait=10")
+        assert result.status_code == 200
+        assert (result.json()["state"], result.json()["error"]["type"]) == ("failed", "BadResult")
+        assert api.get("/jobq/queues/api-nan/jobs/n1/").status_code == 200
+    finally:
+        worker.stop(hurry=True)
+        worker.stopped.wait(10)

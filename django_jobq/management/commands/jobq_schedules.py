@@ -27,6 +27,10 @@ class Command(BaseCommand):
             help="show the next N runs of each schedule (default 1)",
         )
         parser.add_argument(
+            "--queue",
+            help="with --fire-now: the schedule's queue (names are unique per queue)",
+        )
+        parser.add_argument(
             "--database",
             help="database alias of the schedules (default: the one the reaper reads)",
         )
@@ -36,10 +40,15 @@ class Command(BaseCommand):
         using = options["database"] or schedules_alias(storage)
         if options["fire_now"]:
             name = options["fire_now"]
-            try:
-                schedule = Schedule.objects.using(using).get(name=name)
-            except Schedule.DoesNotExist:
-                raise CommandError(f"no schedule named {name!r}") from None
+            found = Schedule.objects.using(using).filter(name=name)
+            if options["queue"]:
+                found = found.filter(queue=options["queue"])
+            schedules = list(found[:2])
+            if not schedules:
+                raise CommandError(f"no schedule named {name!r}")
+            if len(schedules) > 1:
+                raise CommandError(f"schedules named {name!r} exist on several queues: add --queue")
+            schedule = schedules[0]
             result = fire_now(schedule, storage=storage, using=using)
             self.stdout.write(f"{schedule.queue}/{result.job_id}: {result.outcome.value}")
             return

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobq", "0011_mirror_rejects"),
+        ("django_jobq", "0012_schedule_name_per_queue"),
     ]
 
     operations = [
