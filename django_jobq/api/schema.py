@@ -38,6 +38,7 @@ SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "django_jobq.api.schema.add_links",
+        "django_jobq.api.schema.add_path_not_found",
     ],
 }
 URLCONF = "django_jobq.api.urls"
@@ -101,6 +102,23 @@ def add_links(result: dict[str, Any], generator: Any, request: Any, public: bool
                         name: {"operationId": target, "parameters": dict(parameters)}
                         for name, (target, parameters) in links.items()
                     }
+    return result
+
+
+def add_path_not_found(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every operation with a name in its path can answer
+    404 (the name is unknown, or breaks the naming rules: the routes accept any segment so that
+    such a name gets the JSON error body, not Django's HTML page)."""
+    for path_text, path in result.get("paths", {}).items():
+        if "{" not in path_text:
+            continue
+        for operation in path.values():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["responses"].setdefault(
+                    "404", {"description": "unknown, or malformed, name in the path"}
+                )
     return result
 
 

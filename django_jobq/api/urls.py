@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.urls import path, register_converter
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path, register_converter
 
 from . import require_drf
 
@@ -10,6 +11,11 @@ require_drf()
 
 from . import broadcasts, dead, jobs, listing, operations, queues, schema  # noqa: E402
 from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
+
+
+def not_found(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"detail": "Not found."}, status=404)
+
 
 register_converter(QueueNameConverter, "jobq_queue")
 register_converter(JobIdConverter, "jobq_job")
@@ -46,4 +52,8 @@ urlpatterns = [
         broadcasts.GroupStatusView.as_view(),
         name="broadcast-group",
     ),
+    # Last: a path under the API that no route above takes (an empty queue name or job id, a
+    # typo) answers the API's JSON error body, not Django's HTML page. It reads nothing, so it
+    # needs no credentials; it is no DRF view, so the schema leaves it out.
+    re_path(r"^.*$", not_found, name="not-found"),
 ]
