@@ -501,3 +501,11 @@ class MirrorReject(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id} not mirrored: {self.error[:60]}"
+
+
+from .broadcast_models import (  # noqa: E402, F401 - broadcast tables of this app
+    BroadcastDelivery,
+    BroadcastGroup,
+    BroadcastLog,
+    BroadcastMessage,
+)

@@ -7,7 +7,8 @@ the pages only read rows and live storage figures. See docs/admin.md.
 from django.contrib import admin
 
 from ..api import admin as api_admin  # noqa: F401 - registers the ApiKey admin (no DRF needed)
-from ..models import Job, MirrorReject, QueueConfig, WorkerInfo
+from ..models import BroadcastLog, Job, MirrorReject, QueueConfig, WorkerInfo
+from .broadcasts import BroadcastAdmin
 from .jobs import JobAdmin
 from .queues import QueueAdmin
 from .rejects import MirrorRejectAdmin
@@ -18,8 +19,10 @@ admin.site.register(Job, JobAdmin)
 admin.site.register(QueueConfig, QueueAdmin)
 admin.site.register(WorkerInfo, WorkerAdmin)
 admin.site.register(MirrorReject, MirrorRejectAdmin)
+admin.site.register(BroadcastLog, BroadcastAdmin)
 
 __all__ = [
+    "BroadcastAdmin",
     "JobAdmin",
     "MirrorRejectAdmin",
     "QueueAdmin",

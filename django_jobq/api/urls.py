@@ -9,7 +9,7 @@ from . import require_drf
 
 require_drf()
 
-from . import dead, jobs, listing, operations, queues, schema  # noqa: E402 - after the extra check
+from . import broadcasts, dead, jobs, listing, operations, queues, schema  # noqa: E402
 from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
 
 
@@ -23,6 +23,7 @@ register_converter(JobIdConverter, "jobq_job")
 app_name = "jobq-api"
 Q = "queues/<jobq_queue:queue>/"
 J = Q + "jobs/<jobq_job:job_id>/"
+B = "broadcasts/<jobq_queue:broadcast>/"
 
 urlpatterns = [
     path("health", operations.HealthView.as_view(), name="health"),
@@ -43,6 +44,14 @@ urlpatterns = [
     path("schedules/<str:name>/", operations.ScheduleDetailView.as_view(), name="schedule"),
     path("schedules/<str:name>/run/", operations.ScheduleRunView.as_view(), name="schedule-run"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
+    path("broadcasts/", broadcasts.BroadcastListView.as_view(), name="broadcast-list"),
+    path(B, broadcasts.BroadcastDetailView.as_view(), name="broadcast-detail"),
+    path(B + "publish/", broadcasts.PublishView.as_view(), name="broadcast-publish"),
+    path(
+        B + "groups/<jobq_queue:group>/",
+        broadcasts.GroupStatusView.as_view(),
+        name="broadcast-group",
+    ),
     # Last: a path under the API that no route above takes (an empty queue name or job id, a
     # typo) answers the API's JSON error body, not Django's HTML page. It reads nothing, so it
     # needs no credentials; it is no DRF view, so the schema leaves it out.

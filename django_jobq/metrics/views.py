@@ -21,6 +21,7 @@ from ..conf import jobq_settings
 from ..errors import ConfigurationError
 from ..storage.base import Storage
 from . import prometheus, tally
+from .broadcasts import BroadcastCollector
 from .collectors import StorageCollector, TallyCollector, known_queues
 
 ALL = None  # access to every queue's series
@@ -98,6 +99,7 @@ def exposition(queues: set[str] | None = ALL) -> bytes:
         parts.append(TallyCollector(counted))
     for part in parts:
         registry.register(part if queues is None else _Scoped(part, queues))
+    registry.register(BroadcastCollector(queues))  # scoped by itself: no "queue" label
     return bytes(p.generate_latest(registry))
 
 

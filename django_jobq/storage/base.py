@@ -36,6 +36,7 @@ from ..job import (
     StoredEnqueue,
 )
 from ..states import JobState
+from .broadcast_base import BroadcastStore
 
 Clock = Callable[[], int]
 
@@ -574,3 +575,7 @@ class Storage(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to close
         """Release connections; the storage is not used afterwards."""
+
+    def broadcasts(self) -> BroadcastStore:
+        """This backend's broadcast storage (``broadcast_base.py``), built once and shared."""
+        raise NotImplementedError(f"{type(self).__name__} does not store broadcasts")

@@ -1787,6 +1787,13 @@ class DatabaseStorage(Storage):
             for w in rows
         ]
 
+    def broadcasts(self) -> Any:
+        from .broadcast_database import DatabaseBroadcasts  # its models load with the app
+
+        if getattr(self, "_broadcasts", None) is None:
+            self._broadcasts = DatabaseBroadcasts(self.using, clock=self.clock)
+        return self._broadcasts
+
     def close(self) -> None:
         if self._listener is not None:
             self._listener.stop()

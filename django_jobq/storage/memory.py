@@ -40,6 +40,7 @@ from ..job import (
 )
 from ..states import TERMINAL_STATES, JobState
 from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
+from .broadcast_memory import MemoryBroadcasts
 
 # Jobs a claim may look at (and, for groups over budget, move to scheduled) before it gives up,
 # so that one claim's time stays bounded however many jobs wait behind a busy group.
@@ -122,11 +123,17 @@ class MemoryStorage(Storage):
         self._versions = itertools.count(1)
         self._last_token = 0  # the last fencing token handed out (see _lease)
         self._interrupted: dict[str, bool] = {}
+        self._broadcasts: MemoryBroadcasts | None = None
 
     # -- helpers ----------------------------------------------------------------------------
 
     def _now(self) -> int:
         return self.clock() if self.clock else int(time.time() * 1000)
+
+    def broadcasts(self) -> MemoryBroadcasts:
+        if self._broadcasts is None:  # one per storage: its broadcasts live in this process
+            self._broadcasts = MemoryBroadcasts(clock=self.clock)
+        return self._broadcasts
 
     def _q(self, name: str) -> _Queue:
         q = self._queues.get(name)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from django_jobq import PermanentError, RateLimited, handler
+from django_jobq.broadcast import subscriber
 from django_jobq.celery_compat import celery_task
 
 
@@ -269,3 +270,16 @@ if os.environ.get("JOBQ_TEST_OTEL_LOG"):  # set by tests/test_tracing_processes.
     _provider = _TracerProvider()
     _provider.add_span_processor(_Simple(_JsonLines()))
     _trace.set_tracer_provider(_provider)
+
+
+@subscriber("tests-bcast", group="alpha", start="earliest", max_stalls=3)
+@subscriber("tests-bcast", group="beta", start="earliest", max_stalls=3)
+def bcast_ledger(job):
+    """Appends "start"/"done" lines (group, message id, pid) around a sleep of
+    payload["seconds"] to payload["ledger"]: the broadcast fault test reads who handled what."""
+    line = f"{job.meta['group']} {job.id} {os.getpid()}"
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"start {line}\n")
+    time.sleep(job.payload.get("seconds", 0))
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"done {line}\n")

@@ -11,6 +11,7 @@ from ...errors import JobQError
 from ...logutil import configure
 from ...pools import POOLS
 from ...registry import registry
+from ...subscribers import SubscriberWorker
 from ...worker import Worker
 
 if TYPE_CHECKING:
@@ -69,6 +70,13 @@ class Command(BaseCommand):
             "--reap-interval", type=float, help="seconds between own stalled-job sweeps (0: off)"
         )
         parser.add_argument(
+            "--subscriber",
+            action="append",
+            metavar="NAME[:GROUP]",
+            help="also run the @subscriber handlers of this broadcast (every group registered "
+            "here) or of one group; repeatable (default: all of them when no queue is given)",
+        )
+        parser.add_argument(
             "--log-format",
             choices=("text", "json"),
             default="text",
@@ -107,9 +115,13 @@ class Command(BaseCommand):
         configure(options["verbosity"], options["log_format"])
         if options["check"]:
             self.check()
-        queues = options["queues"] or registry.queues()
-        if not queues:
+        # Only --subscriber given: a subscriber worker (no queues unless named too).
+        queues = options["queues"] or ([] if options["subscriber"] else registry.queues())
+        subs = self._subscribers(options)
+        if not queues and subs is None:
             raise CommandError("no queues given and no handlers registered (jobs.py modules)")
+        if not queues:  # subscribers only
+            return self._serve_subscribers(subs, options)
         try:
             worker = Worker(
                 queues,
@@ -143,6 +155,8 @@ class Command(BaseCommand):
             # the broker unacknowledged when its connection closes.
             if bridge is not None:
                 bridge.stop()
+            if subs is not None:
+                subs.stop(hurry=subs.stopping)
             worker.stop(hurry=worker.stopping)
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -152,14 +166,48 @@ class Command(BaseCommand):
             from ...celery_compat.bridge import bridge_thread
 
             thread = bridge_thread(bridge)
+        subs_thread = subs.start() if subs is not None else None
         try:
             worker.run()
         finally:
+            if subs is not None and subs_thread is not None:
+                subs.stop()
+                subs_thread.join(subs.grace + 10)
             if bridge is not None and thread is not None:
                 bridge.stop()
                 thread.join(10)
             if metrics_server is not None:
                 metrics_server.shutdown()
+
+    def _subscribers(self, options) -> SubscriberWorker | None:
+        """The broadcast subscribers to run: those named by --subscriber, else every one
+        registered when no queue was named, else none."""
+        from ...broadcast import subscribers
+
+        try:
+            if options["subscriber"]:
+                chosen = subscribers.select(options["subscriber"])
+            else:
+                chosen = [] if options["queues"] else subscribers.all()
+            if not chosen:
+                return None
+            return SubscriberWorker(
+                chosen,
+                concurrency=options["concurrency"],
+                lease=options["lease"],
+                grace=options["grace"],
+                worker_id=options["worker_id"],
+            )
+        except JobQError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _serve_subscribers(self, subs: SubscriberWorker, options) -> None:
+        def on_signal(signum, frame):
+            subs.stop(hurry=subs.stopping)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        subs.run()
 
     def _bridge(self, options, worker: Worker) -> KombuBridge | None:
         conf = jobq_settings()["CELERY"]

@@ -1187,5 +1187,12 @@ class RedisStorage(Storage):
                 out.append(WorkerRecord(worker_id, info, int(info.pop("last_seen", 0))))
         return out
 
+    def broadcasts(self) -> Any:
+        from .broadcast import RedisBroadcasts
+
+        if getattr(self, "_broadcasts", None) is None:
+            self._broadcasts = RedisBroadcasts(self.client, prefix=self.prefix, clock=self.clock)
+        return self._broadcasts
+
     def close(self) -> None:
         self.client.close()
