@@ -164,20 +164,46 @@ def test_stop_past_grace_releases_the_job_without_using_an_attempt(q, handlers, 
     release.set()
 
 
-def test_claimed_but_unstarted_jobs_are_released_at_once_on_stop(q, handlers, run_worker):
+class _HoldingWorker(Worker):
+    """A worker whose handler threads hold the job named ``held`` after it was handed to them
+    and before it is marked running, until ``hold`` is set: the window a stop can land in
+    between a claim and the start of its handler, made as wide as the test needs."""
+
+    def __init__(self, *args, held: str, hold: threading.Event, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.held, self.hold, self.holding = held, hold, threading.Event()
+
+    def _start(self, claimed):
+        if claimed.job_id == self.held:
+            self.holding.set()
+            self.hold.wait(60)
+        return super()._start(claimed)
+
+
+def test_claimed_but_unstarted_jobs_are_released_at_once_on_stop(q, handlers, live_storage):
     gate, running = threading.Event(), threading.Event()
-    handlers.register("w", lambda job: running.set() or gate.wait(5))
-    w = run_worker(concurrency=1, batch=1, grace=5)
-    q.enqueue_many([("first", 1)])
-    # Wait for the handler itself, not the ACTIVE state: a claimed job whose handler has not
-    # started yet is (rightly) released on stop.
-    assert running.wait(5)
-    q.enqueue("second", 2)
-    w.stop()
-    gate.set()
-    assert w.stopped.wait(5)
+    handlers.register("w", lambda job: running.set() or gate.wait(60))
+    # grace 60 s: a worker that kept the unstarted job until the grace ran out would release
+    # it only long after the wait below gives up.
+    w = _HoldingWorker(["w"], storage=live_storage, handlers=handlers, concurrency=2, batch=1,
+                       lease=5000, grace=60, held="second", hold=gate)  # fmt: skip
+    w.start()
+    try:
+        q.enqueue("first", 1)
+        assert running.wait(30)
+        q.enqueue("second", 2)
+        assert w.holding.wait(30)  # claimed and handed to a handler thread, not started
+        w.stop()
+        # Released while "first" still runs (its handler waits for the gate): at once, not
+        # at the end of the grace period.
+        assert wait_until(lambda: q.get_status("second").state is JobState.QUEUED, 30)
+        assert q.get_status("first").state is JobState.ACTIVE
+        assert q.get_status("second").attempts == 0
+    finally:
+        gate.set()  # "first" finishes within the grace period
+        assert w.stopped.wait(60)
     assert q.get_status("first").state is JobState.COMPLETED
-    assert q.get_status("second").state is JobState.QUEUED
+    assert (w.stats["completed"], w.stats["released"]) == (1, 1)
 
 
 def test_heartbeats_keep_a_job_longer_than_its_lease(q, handlers, run_worker, live_storage):
@@ -249,12 +275,32 @@ def test_worker_refuses_queues_without_handlers(live_storage, handlers):
         Worker(["w"], storage=live_storage, handlers=handlers).check()
 
 
-def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(q, handlers, run_worker):
-    handlers.register("w", lambda job: time.time())
-    run_worker()
-    time.sleep(0.05)
-    enqueued = time.time()
+def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(
+    storage, clock, handlers, monkeypatch
+):
+    """A claim that finds only a job due in 300 ms makes the worker wait exactly that long,
+    not its idle timeout. Every storage caps its waits (a safety net for lost signals), so a
+    worker that ignored the due time would still run the job, seconds late: the wait it asks
+    of the storage is the wake-up. The storage clock is the test's, so "due" is an event."""
+    waits: list[float] = []
+    real_wait = storage.wait_for_jobs
+
+    def recording_wait(queues, timeout, worker_id=None):
+        waits.append(timeout)
+        return real_wait(queues, timeout, worker_id)
+
+    monkeypatch.setattr(storage, "wait_for_jobs", recording_wait)
+    handlers.register("w", lambda job: "ran")
+    q = Queue("w", storage=storage)
     q.enqueue("d", 1, delay=300)
-    assert wait_until(lambda: q.get_status("d").state is JobState.COMPLETED, 5)
-    ran_at = q.get_result("d").value
-    assert ran_at - enqueued >= 0.29
+    w = Worker(["w"], storage=storage, handlers=handlers, idle_timeout=120, lease=5000, grace=5)
+    w.start()
+    try:
+        assert wait_until(lambda: 0.3 in waits, 30), waits
+        assert q.get_status("d").state is JobState.SCHEDULED
+        clock.advance(300)
+        assert wait_until(lambda: q.get_status("d").state is JobState.COMPLETED, 30)
+    finally:
+        w.stop(hurry=True)
+        assert w.stopped.wait(30)
+    assert q.get_result("d").value == "ran"
