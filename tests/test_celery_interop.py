@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 from kombu import Connection, Exchange, Producer
 from kombu import Queue as KombuQueue
@@ -34,17 +35,17 @@ from .helpers import ROOT, Spawner, wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.rabbitmq]
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
-REDIS_TRANSPORT = "redis://127.0.0.1:6379/0"
+# The suite's own Redis (tests/settings.py: JOBQ_TEST_REDIS_URL), for kombu's Redis transport
+# and Celery's result backend alike.
+REDIS_TRANSPORT = settings.REDIS_URL
 
 
 def celery_conf(**overrides):
-    base = {**jobq_settings()["CELERY"], "RESULT_BACKEND": "redis://127.0.0.1:6379/0"}
+    base = {**jobq_settings()["CELERY"], "RESULT_BACKEND": REDIS_TRANSPORT}
     return override_settings(JOBQ={**_user_jobq(), "CELERY": {**base, **overrides}})
 
 
 def _user_jobq():
-    from django.conf import settings
-
     return dict(settings.JOBQ)
 
 

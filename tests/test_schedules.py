@@ -28,11 +28,13 @@ from django_jobq.reaper import Reaper
 from django_jobq.schedules import (
     fire_due,
     fire_now,
+    manual_job_id,
     schedules_alias,
     tick_job_id,
     validate_schedule,
 )
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.validation import JOB_ID_MAX_LENGTH, validate_job_id
 
 from .helpers import Spawner, wait_until
 
@@ -276,8 +278,18 @@ def schedule_of(**fields) -> Schedule:
 
 class TestValidation:
     def test_a_valid_schedule_passes(self):
-        validate_schedule(schedule_of(job_options={"priority": 5, "max_attempts": 2}))
-        validate_schedule(schedule_of(cron="", interval=30, payload={"a": [1, 2]}))
+        cron = schedule_of(job_options={"priority": 5, "max_attempts": 2})
+        interval = schedule_of(cron="", interval=30, payload={"a": [1, 2]})
+        for schedule in (cron, interval):
+            validate_schedule(schedule)  # raises ValidationError on any fault
+        # The same schedules with one fault each are refused: the validator checks these
+        # very objects (one that accepted everything would pass the calls above).
+        cron.job_options["priority"] = 5000
+        interval.interval = 0
+        for schedule, field in ((cron, "job_options"), (interval, "interval")):
+            with pytest.raises(ValidationError) as exc:
+                validate_schedule(schedule)
+            assert list(exc.value.message_dict) == [field]
 
     @pytest.mark.parametrize(
         ("fields", "field", "fragment"),
@@ -308,7 +320,13 @@ class TestValidation:
         assert any(fragment in m for m in exc.value.message_dict[field]), exc.value.message_dict
 
     def test_longest_name_makes_valid_ids(self):
-        validate_schedule(schedule_of(name="x" * 96))
+        name = "x" * 96
+        validate_schedule(schedule_of(name=name))
+        # The longest ids it can make: a tick and a "run now" in the last second of year 9999.
+        last = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+        for job_id in (tick_job_id(name, last), manual_job_id(name, last)):
+            assert validate_job_id(job_id) == job_id
+        assert len(manual_job_id(name, last)) == JOB_ID_MAX_LENGTH  # not one character to spare
 
     def test_oversized_payload_is_a_payload_error(self, settings):
         settings.JOBQ = {**settings.JOBQ, "MAX_PAYLOAD_BYTES": 100}
