@@ -275,9 +275,7 @@ def test_worker_refuses_queues_without_handlers(live_storage, handlers):
         Worker(["w"], storage=live_storage, handlers=handlers).check()
 
 
-def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(
-    storage, clock, handlers, monkeypatch
-):
+def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(storage, clock, handlers, monkeypatch):
     """A claim that finds only a job due in 300 ms makes the worker wait exactly that long,
     not its idle timeout. Every storage caps its waits (a safety net for lost signals), so a
     worker that ignored the due time would still run the job, seconds late: the wait it asks
