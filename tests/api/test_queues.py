@@ -12,7 +12,7 @@ from .conftest import registered_workers
 def test_queue_list_has_counts_paused_limits_and_stats(api, worker, mirror_now):
     get_queue("tests-echo").enqueue("q1")
     worker("tests-echo")
-    get_queue("tests-echo").enqueue_and_wait("q2", 1, timeout=10)
+    get_queue("tests-echo").enqueue_and_wait("q2", 1, timeout=30)
     get_queue("tests-echo").enqueue("later", delay=60_000)
     mirror_now()
     queues = {q["name"]: q for q in api.get("/jobq/queues/").json()}
