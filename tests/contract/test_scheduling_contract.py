@@ -32,6 +32,9 @@ from django_jobq.job import (
 from django_jobq.states import TERMINAL_STATES, JobState, can_transition
 from django_jobq.storage.base import Ack
 
+from ..helpers import PATIENCE
+from .conftest import LONG_WAIT
+
 Q = "sched-q"
 LEASE = 10_000
 ERROR = b'{"type": "ValueError", "message": "boom"}'
@@ -1004,19 +1007,19 @@ def _waits_its_timeout(storage, queues, worker: str) -> bool:
     return False
 
 
-def test_a_paused_queue_does_not_wake_workers_until_resumed(live_storage):
+def test_a_paused_queue_does_not_wake_workers_until_resumed(live_storage, wakeups_only):
     live_storage.pause(Q)
     live_storage.enqueue(Q, job("a"))
     assert live_storage.claim(Q, "w1", 1, LEASE).jobs == []
     assert _waits_its_timeout(live_storage, [Q], "w1")
     threading.Timer(0.1, live_storage.resume, (Q,)).start()
     start = time.monotonic()
-    live_storage.wait_for_jobs([Q], 5, "w1")
-    assert time.monotonic() - start < 2
+    live_storage.wait_for_jobs([Q], LONG_WAIT, "w1")
+    assert time.monotonic() - start < PATIENCE
     assert [j.job_id for j in live_storage.claim(Q, "w1", 1, LEASE).jobs] == ["a"]
 
 
-def test_a_verdict_that_frees_a_concurrency_slot_wakes_a_worker(live_storage):
+def test_a_verdict_that_frees_a_concurrency_slot_wakes_a_worker(live_storage, wakeups_only):
     live_storage.set_limits(Q, QueueLimits(concurrency=1))
     live_storage.enqueue(Q, job("a"))
     live_storage.enqueue(Q, job("b"))
@@ -1025,8 +1028,8 @@ def test_a_verdict_that_frees_a_concurrency_slot_wakes_a_worker(live_storage):
     assert _waits_its_timeout(live_storage, [Q], "w2")
     threading.Timer(0.1, live_storage.complete, (Q, "a", a.token, b"1")).start()
     start = time.monotonic()
-    live_storage.wait_for_jobs([Q], 5, "w2")
-    assert time.monotonic() - start < 2
+    live_storage.wait_for_jobs([Q], LONG_WAIT, "w2")
+    assert time.monotonic() - start < PATIENCE
     assert [j.job_id for j in live_storage.claim(Q, "w2", 1, LEASE).jobs] == ["b"]
 
 
