@@ -12,6 +12,7 @@ import re
 import threading
 import zoneinfo
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -603,12 +604,21 @@ class TestReaperHook:
 # -- separate reaper processes ----------------------------------------------------------------
 
 
+def log_of(proc) -> str:
+    return Path(proc.log_path).read_text()
+
+
 def run_three_reapers(spawner: Spawner, storage, alias: str) -> None:
     """Three runreaper processes race for a 1-second interval schedule; every tick up to where
     they stopped must be stored exactly once, by exactly one of them."""
+    reapers = [spawner("runreaper", "--interval", "0.05", log=f"reaper{i}") for i in range(3)]
+    # All three sweeping (and so handling SIGTERM) before the first tick: on a loaded machine
+    # Django's start-up takes seconds, and a race that one process runs alone proves nothing.
+    assert wait_until(lambda: all("reaper sweeping every" in log_of(p) for p in reapers)), [
+        log_of(p) for p in reapers
+    ]
     start = dt.datetime.now(UTC).replace(microsecond=0) + 2 * SECOND
     make(alias, "proc", interval=1, next_run_at=start)
-    reapers = [spawner("runreaper", "--interval", "0.05", log=f"reaper{i}") for i in range(3)]
     # Ten ticks: the chance that one process wins every race is 3 * 3**-10.
     assert wait_until(lambda: job_count(storage) >= 10, 60), [p.poll() for p in reapers]
     Schedule.objects.using(alias).filter(name="proc").update(enabled=False)
@@ -621,7 +631,7 @@ def run_three_reapers(spawner: Spawner, storage, alias: str) -> None:
     assert n >= 10
     assert stored_ids(storage, expected) == expected
     assert job_count(storage) == n
-    logs = "".join(open(p.log_path).read() for p in reapers)  # type: ignore[attr-defined]
+    logs = "".join(log_of(p) for p in reapers)
     fired = Counter(re.findall(r"fired tests-sched/(schedule\.proc\.\d+)", logs))
     assert set(fired) == expected
     assert set(fired.values()) == {1}
