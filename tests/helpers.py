@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # How long a test waits for something that a working implementation makes happen. Only a broken
 # one hits it: a shared, loaded 2-core machine must never (a test decides on events, not speed).
 PATIENCE = 30.0
+# How long a test waits for separate processes (runworker, runreaper) to start serving: several
+# Django start-ups at once on a machine whose cores are busy took more than PATIENCE.
+PROCESS_START = 120.0
 
 
 def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> bool:

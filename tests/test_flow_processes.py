@@ -15,7 +15,7 @@ from django.db import connections
 from django_jobq import EnqueueOutcome, JobState
 from django_jobq.queue import Queue
 
-from .helpers import Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, wait_until
 
 pytestmark = pytest.mark.slow
 Q = "tests-ledger"
@@ -54,7 +54,9 @@ def queue(backend, request) -> Queue:
 def start_workers(spawn, queue: Queue, n: int = 3) -> None:
     for i in range(n):
         spawn(*WORKER, log=f"worker{i}")
-    assert wait_until(lambda: len(queue.storage.list_workers()) == n, 30), "workers never started"
+    assert wait_until(lambda: len(queue.storage.list_workers()) == n, PROCESS_START), (
+        "workers never started"
+    )
 
 
 def read_ledger(path: Path) -> dict[str, list[tuple[float, float, int, int]]]:

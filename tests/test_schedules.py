@@ -37,7 +37,7 @@ from django_jobq.schedules import (
 from django_jobq.storage.redis.storage import RedisStorage
 from django_jobq.validation import JOB_ID_MAX_LENGTH, validate_job_id
 
-from .helpers import Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, wait_until
 
 UTC = dt.UTC
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
@@ -614,9 +614,8 @@ def run_three_reapers(spawner: Spawner, storage, alias: str) -> None:
     reapers = [spawner("runreaper", "--interval", "0.05", log=f"reaper{i}") for i in range(3)]
     # All three sweeping (and so handling SIGTERM) before the first tick: on a loaded machine
     # Django's start-up takes seconds, and a race that one process runs alone proves nothing.
-    assert wait_until(lambda: all("reaper sweeping every" in log_of(p) for p in reapers)), [
-        log_of(p) for p in reapers
-    ]
+    up = lambda: all("reaper sweeping every" in log_of(p) for p in reapers)  # noqa: E731
+    assert wait_until(up, PROCESS_START), [log_of(p) for p in reapers]
     start = dt.datetime.now(UTC).replace(microsecond=0) + 2 * SECOND
     make(alias, "proc", interval=1, next_run_at=start)
     # Ten ticks: the chance that one process wins every race is 3 * 3**-10.

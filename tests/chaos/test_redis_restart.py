@@ -30,7 +30,7 @@ from django_jobq.queue import Queue
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
 
-from ..helpers import wait_until
+from ..helpers import PROCESS_START, wait_until
 from .restart_support import (
     QUEUE,
     Ledger,
@@ -147,7 +147,9 @@ def test_redis_killed_and_restarted_under_load_loses_no_accepted_job(
         procs.spawn(
             "runreaper", QUEUE, "--reconcile", "--no-schedules", "--interval", "0.5", log="reaper"
         )
-        assert wait_until(lambda: len(q.storage.list_workers()) == 2, 60), "workers never started"
+        assert wait_until(lambda: len(q.storage.list_workers()) == 2, PROCESS_START), (
+            "workers never started"
+        )
 
         # -- load, with kills UP seconds after each restart; every other one a rollback ------
         downs = [DOWN[k % 2 == 1] for k in range(kills)]
