@@ -15,8 +15,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> bool:
-    """Bounded polling for test observations (never used by the product)."""
+# How long a test waits for something that a working implementation makes happen. Only a broken
+# one hits it: a shared, loaded 2-core machine must never (a test decides on events, not speed).
+PATIENCE = 30.0
+# How long a test waits for separate processes (runworker, runreaper) to start serving: several
+# Django start-ups at once on a machine whose cores are busy took more than PATIENCE.
+PROCESS_START = 120.0
+
+
+def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> bool:
+    """Bounded polling for test observations (never used by the product): returns as soon as
+    ``predicate()`` holds, so a generous ``timeout`` costs a passing test nothing."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -85,4 +94,4 @@ def running_workers(storage: Any, **defaults: Any) -> Iterator[Callable[..., Any
     finally:
         for worker in workers:
             worker.stop(hurry=True)
-            assert worker.stopped.wait(20)
+            assert worker.stopped.wait(30)

@@ -22,6 +22,9 @@ from django_jobq.queue import Queue
 from django_jobq.storage.database import DatabaseStorage
 
 CHROMIUM = "/usr/bin/chromium"
+# Playwright gives up on a navigation or a selector after 30 s by default; on a loaded machine
+# Chromium and the live server can take that long, so the tests wait for pages, not a clock.
+PAGE_TIMEOUT_MS = 120_000
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(databases=["default"], transaction=True)]
 ERROR = b'{"type": "TimeoutError", "message": "upstream took too long", "traceback": "Traceback (most recent call last):\\n  File \\"shop/tasks.py\\", line 42, in charge\\n    raise TimeoutError(\\"upstream took too long\\")"}'  # noqa: E501
 
@@ -112,6 +115,7 @@ def test_operator_sees_the_queues_filters_cancels_and_retries(browser, live_serv
     User.objects.create_superuser("ops", password="pw")
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     base = live_server.url
     login(page, base, "ops")
 
@@ -163,6 +167,7 @@ def test_operator_sees_the_queues_filters_cancels_and_retries(browser, live_serv
 
     dark = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
     page = dark.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     login(page, base, "ops")
     page.goto(f"{base}/admin/django_jobq/queueconfig/q/emails/")
     page.screenshot(path=shots / "queue-dark.png", full_page=True)
@@ -170,6 +175,7 @@ def test_operator_sees_the_queues_filters_cancels_and_retries(browser, live_serv
 
     phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     page = phone.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     login(page, base, "ops")
     page.goto(f"{base}/admin/django_jobq/queueconfig/")
     # Nothing wider than the screen except inside the scrolling table wrapper.
@@ -185,6 +191,7 @@ def test_a_viewer_cannot_cancel(browser, live_server, jobs):
         viewer.user_permissions.add(Permission.objects.get(codename=codename))
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     base = live_server.url
     login(page, base, "viewer")
     pk = row_pk("welcome-4711")

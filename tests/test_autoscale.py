@@ -64,14 +64,13 @@ def test_io_bound_jobs_make_the_worker_raise_its_limit(redis_client, redis_prefi
     queue.enqueue_many([(f"j{i}", i) for i in range(400)])
     worker.start()
     try:
-        assert wait_until(lambda: worker.autoscaler.limit >= 4, 15), worker.autoscaler.last
+        assert wait_until(lambda: worker.autoscaler.limit >= 4), worker.autoscaler.last
         assert wait_until(
             lambda: any(
                 "autoscale" in w.info and w.info["concurrency"] > 1 for w in storage.list_workers()
             ),
-            15,
         )
         assert wait_until(lambda: queue.counts()[JobState.COMPLETED] == 400, 60)
     finally:
         worker.stop(hurry=True)
-        assert worker.stopped.wait(10)
+        assert worker.stopped.wait(30)

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 from kombu import Connection, Exchange, Producer
 from kombu import Queue as KombuQueue
@@ -34,17 +35,17 @@ from .helpers import ROOT, Spawner, wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.rabbitmq]
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
-REDIS_TRANSPORT = "redis://127.0.0.1:6379/0"
+# The suite's own Redis (tests/settings.py: JOBQ_TEST_REDIS_URL), for kombu's Redis transport
+# and Celery's result backend alike.
+REDIS_TRANSPORT = settings.REDIS_URL
 
 
 def celery_conf(**overrides):
-    base = {**jobq_settings()["CELERY"], "RESULT_BACKEND": "redis://127.0.0.1:6379/0"}
+    base = {**jobq_settings()["CELERY"], "RESULT_BACKEND": REDIS_TRANSPORT}
     return override_settings(JOBQ={**_user_jobq(), "CELERY": {**base, **overrides}})
 
 
 def _user_jobq():
-    from django.conf import settings
-
     return dict(settings.JOBQ)
 
 
@@ -77,7 +78,7 @@ def running_bridge(storage):
     def start(broker: str, queue: str, jobq_queues: list[str]):
         bridge = KombuBridge(broker, [queue], storage=storage, prefetch=20)
         thread = bridge_thread(bridge)
-        assert bridge.ready.wait(15), "the bridge never started consuming"
+        assert bridge.ready.wait(30), "the bridge never started consuming"
         worker = Worker(jobq_queues, storage=storage, concurrency=4, reap_interval=0)
         worker_thread = worker.start()
         started.append((bridge, thread, worker, worker_thread))
@@ -237,9 +238,9 @@ def test_redelivered_messages_deduplicate_and_bad_ones_are_kept_aside(
             last, lh, _ = build("tests.celery.add", [1, 2], {}, task_id="last-id")
             send(last, lh)
 
-        assert wait_until(lambda: sum(bridge.counts.values()) == 6, 15), bridge.counts
+        assert wait_until(lambda: sum(bridge.counts.values()) == 6), bridge.counts
         assert bridge.counts == {"queued": 2, "duplicate": 1, "unroutable": 3, "requeued": 0}
-        assert wait_until(lambda: storage.counts("tests.celery.add")[JobState.COMPLETED] == 2, 15)
+        assert wait_until(lambda: storage.counts("tests.celery.add")[JobState.COMPLETED] == 2)
     assert result_of(storage, "tests.celery.add", "same-id")[1] == 42
     assert result_of(storage, "tests.celery.add", "last-id")[1] == 3
     unroutable = Queue("celery-unroutable", storage=storage)
@@ -274,7 +275,7 @@ def test_a_message_stored_but_not_acknowledged_is_redelivered_and_deduplicated(
         again = KombuBridge(AMQP, [celery_queue], storage=storage)
         thread = bridge_thread(again)
         try:
-            assert wait_until(lambda: again.counts["duplicate"] == 1, 15), again.counts
+            assert wait_until(lambda: again.counts["duplicate"] == 1), again.counts
         finally:
             again.stop()
             thread.join(10)

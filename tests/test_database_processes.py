@@ -12,7 +12,7 @@ from django.db import connections
 from django_jobq import JobState
 from django_jobq.queue import Queue
 
-from .helpers import Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, wait_until
 
 pytestmark = pytest.mark.slow
 ALIASES = {"sqlite": "default", "postgres": "pg"}
@@ -43,10 +43,14 @@ def test_two_worker_processes_share_the_queue_and_survive_a_sigkill(live_storage
     q = Queue("tests-slow", storage=live_storage)
     ledger = tmp_path / "ledger.txt"
     ids = [f"p{i}" for i in range(120)]
-    args = ("runworker", "tests-slow", "-c", "4", "--lease", "1500", "--reap-interval", "0")
+    # A lease of 5 s: only the killed worker loses its jobs. With a lease of a second or two, a
+    # loaded machine delays the survivor's heartbeats past it, and its jobs run twice too.
+    args = ("runworker", "tests-slow", "-c", "4", "--lease", "5000", "--reap-interval", "0")
     victim = spawn(*args, log="victim")
     spawn(*args, log="survivor")
-    assert wait_until(lambda: len(live_storage.list_workers()) == 2, 30), "workers never started"
+    assert wait_until(lambda: len(live_storage.list_workers()) == 2, PROCESS_START), (
+        "workers never started"
+    )
     q.enqueue_many(
         [{"id": i, "payload": {"seconds": 0.03, "ledger": str(ledger)}, "max_stalls": 3}
          for i in ids]

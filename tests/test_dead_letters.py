@@ -35,7 +35,7 @@ def setup(live_storage):
     yield queue, worker, state
     worker.stop(hurry=True)
     if worker.started.is_set():
-        assert worker.stopped.wait(10)
+        assert worker.stopped.wait(30)
 
 
 def enqueue_failing(queue: Queue, n: int) -> list[str]:
@@ -51,7 +51,7 @@ def test_jobs_that_fail_for_good_are_listed_with_payload_and_error(setup):
     queue, worker, _ = setup
     enqueue_failing(queue, 3)
     worker.start()
-    assert wait_until(lambda: queue.count_dead() == 3, 10), queue.counts()
+    assert wait_until(lambda: queue.count_dead() == 3), queue.counts()
     dead = queue.dead_letters()
     assert all(isinstance(d, DeadLetter) for d in dead)
     by_id = {d.job_id: d for d in dead}
@@ -66,14 +66,14 @@ def test_retry_one_then_the_rest_in_bulk_runs_them_again(setup):
     queue, worker, state = setup
     enqueue_failing(queue, 4)
     worker.start()
-    assert wait_until(lambda: queue.count_dead() == 4, 10)
+    assert wait_until(lambda: queue.count_dead() == 4)
     state["fixed"] = True
     assert queue.retry("job-0") is RetryOutcome.RETRIED
-    assert wait_until(lambda: queue.get_status("job-0").state is JobState.COMPLETED, 10)
+    assert wait_until(lambda: queue.get_status("job-0").state is JobState.COMPLETED)
     assert queue.get_result("job-0").value == 0
     assert queue.count_dead() == 3
     assert queue.retry_dead() == 3
-    assert wait_until(lambda: queue.counts()[JobState.COMPLETED] == 4, 10), queue.counts()
+    assert wait_until(lambda: queue.counts()[JobState.COMPLETED] == 4), queue.counts()
     assert queue.dead_letters() == []
     # Each retried job started again from attempt 1.
     assert sorted(a for job_id, a in state["ran"] if job_id == "job-3") == [1, 1, 2]
@@ -96,7 +96,7 @@ def test_purge_deletes_dead_letters_and_frees_their_ids(setup):
     queue, worker, state = setup
     ids = enqueue_failing(queue, 3)
     worker.start()
-    assert wait_until(lambda: queue.count_dead() == 3, 10)
+    assert wait_until(lambda: queue.count_dead() == 3)
     assert queue.purge_dead([ids[0]]) == 1
     assert queue.count_dead() == 2
     assert queue.get_status(ids[0]) is None

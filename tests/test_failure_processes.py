@@ -69,4 +69,4 @@ def test_a_worker_killed_during_the_failure_handler_leaves_the_call_to_run_again
     assert first[0] == second[0] == "doomed" and first[1] != second[1]  # two processes
     assert (first[2], second[2]) == ("1", "2")  # the second call knows it is a repeat
     assert second[3] == "django_jobq.errors.PermanentError"
-    assert wait_until(lambda: queue.count_failure_calls() == 0, 10)
+    assert wait_until(lambda: queue.count_failure_calls() == 0)

@@ -67,7 +67,7 @@ def test_enqueue_existing_id_is_duplicate_and_keeps_the_first_payload(queue):
 
 def test_enqueue_of_completed_id_returns_cached_result(queue, worker):
     worker()
-    assert queue.enqueue_and_wait("job-1", "hi", timeout=5) == {"echo": "hi", "attempt": 1}
+    assert queue.enqueue_and_wait("job-1", "hi", timeout=30) == {"echo": "hi", "attempt": 1}
     again = queue.enqueue("job-1", "other")
     assert again.outcome is EnqueueOutcome.COMPLETED
     assert again.result == {"echo": "hi", "attempt": 1}
@@ -179,14 +179,14 @@ def test_naive_run_at_is_refused(queue):
 
 def test_enqueue_and_wait_returns_the_result(queue, worker):
     worker()
-    assert queue.enqueue_and_wait("rr-1", [1, 2], timeout=5) == {"echo": [1, 2], "attempt": 1}
+    assert queue.enqueue_and_wait("rr-1", [1, 2], timeout=30) == {"echo": [1, 2], "attempt": 1}
 
 
 def test_enqueue_and_wait_raises_job_failed_with_the_remote_error(live_storage, worker):
     worker("tests-fail")
     queue = Queue("tests-fail", storage=live_storage)
     with pytest.raises(JobFailed) as info:
-        queue.enqueue_and_wait("f-1", {"permanent": True}, timeout=5)
+        queue.enqueue_and_wait("f-1", {"permanent": True}, timeout=30)
     assert info.value.error["type"] == "django_jobq.errors.PermanentError"
     assert info.value.error["message"] == "no point retrying"
     assert "Traceback" in info.value.error["traceback"]
@@ -197,7 +197,7 @@ def test_enqueue_and_wait_times_out_and_the_job_keeps_running(live_storage, work
     queue = Queue("tests-slow", storage=live_storage)
     with pytest.raises(Timeout):
         queue.enqueue_and_wait("slow-1", {"seconds": 0.6}, timeout=0.2)
-    assert queue.enqueue_and_wait("slow-1", {"seconds": 0.6}, timeout=5) == "slow-1"
+    assert queue.enqueue_and_wait("slow-1", {"seconds": 0.6}, timeout=30) == "slow-1"
 
 
 def test_duplicate_waiter_of_a_running_job_gets_its_result(live_storage, worker):
@@ -207,7 +207,7 @@ def test_duplicate_waiter_of_a_running_job_gets_its_result(live_storage, worker)
     results = []
     threads = [
         threading.Thread(
-            target=lambda: results.append(queue.enqueue_and_wait("shared", {}, timeout=5))
+            target=lambda: results.append(queue.enqueue_and_wait("shared", {}, timeout=30))
         )
         for _ in range(3)
     ]
@@ -231,7 +231,7 @@ def test_waiter_is_told_when_the_job_is_cancelled_while_waiting(queue):
 
     def wait():
         try:
-            queue.enqueue_and_wait("c-2", 1, timeout=5)
+            queue.enqueue_and_wait("c-2", 1, timeout=30)
         except JobFailed as exc:
             errors.append(exc.state)
 
@@ -287,14 +287,14 @@ def test_cancelled_job_never_runs(live_storage, worker):
     queue.enqueue("doomed", 1)
     queue.cancel("doomed")
     worker()
-    assert queue.enqueue_and_wait("after", 2, timeout=5)["echo"] == 2
+    assert queue.enqueue_and_wait("after", 2, timeout=30)["echo"] == 2
     assert queue.get_status("doomed").state is JobState.CANCELLED
     assert queue.get_status("doomed").started_at is None
 
 
 def test_get_status_reports_state_attempts_times_and_worker(queue, worker):
     w = worker()
-    queue.enqueue_and_wait("s-1", 1, timeout=5)
+    queue.enqueue_and_wait("s-1", 1, timeout=30)
     status = queue.get_status("s-1")
     assert status.state is JobState.COMPLETED
     assert status.attempts == 1
@@ -310,7 +310,7 @@ def test_get_result_of_failed_job_has_the_error(live_storage, worker):
     worker("tests-fail")
     queue = Queue("tests-fail", storage=live_storage)
     with pytest.raises(JobFailed):
-        queue.enqueue_and_wait("f-2", {"permanent": True}, timeout=5)
+        queue.enqueue_and_wait("f-2", {"permanent": True}, timeout=30)
     result = queue.get_result("f-2")
     assert (result.state, result.ok, result.value) == (JobState.FAILED, False, None)
     assert result.error["message"] == "no point retrying"
@@ -319,7 +319,7 @@ def test_get_result_of_failed_job_has_the_error(live_storage, worker):
 def test_msgpack_serde_round_trips(live_storage, worker):
     worker()
     queue = Queue("tests-echo", storage=live_storage, serde="msgpack")
-    assert queue.enqueue_and_wait("mp-1", {"b": b"\x00\x01"}, timeout=5) == {
+    assert queue.enqueue_and_wait("mp-1", {"b": b"\x00\x01"}, timeout=30) == {
         "echo": {"b": b"\x00\x01"},
         "attempt": 1,
     }

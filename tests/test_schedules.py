@@ -12,6 +12,7 @@ import re
 import threading
 import zoneinfo
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -28,13 +29,15 @@ from django_jobq.reaper import Reaper
 from django_jobq.schedules import (
     fire_due,
     fire_now,
+    manual_job_id,
     schedules_alias,
     tick_job_id,
     validate_schedule,
 )
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.validation import JOB_ID_MAX_LENGTH, validate_job_id
 
-from .helpers import Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, wait_until
 
 UTC = dt.UTC
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
@@ -276,8 +279,18 @@ def schedule_of(**fields) -> Schedule:
 
 class TestValidation:
     def test_a_valid_schedule_passes(self):
-        validate_schedule(schedule_of(job_options={"priority": 5, "max_attempts": 2}))
-        validate_schedule(schedule_of(cron="", interval=30, payload={"a": [1, 2]}))
+        cron = schedule_of(job_options={"priority": 5, "max_attempts": 2})
+        interval = schedule_of(cron="", interval=30, payload={"a": [1, 2]})
+        for schedule in (cron, interval):
+            validate_schedule(schedule)  # raises ValidationError on any fault
+        # The same schedules with one fault each are refused: the validator checks these
+        # very objects (one that accepted everything would pass the calls above).
+        cron.job_options["priority"] = 5000
+        interval.interval = 0
+        for schedule, field in ((cron, "job_options"), (interval, "interval")):
+            with pytest.raises(ValidationError) as exc:
+                validate_schedule(schedule)
+            assert list(exc.value.message_dict) == [field]
 
     @pytest.mark.parametrize(
         ("fields", "field", "fragment"),
@@ -308,7 +321,13 @@ class TestValidation:
         assert any(fragment in m for m in exc.value.message_dict[field]), exc.value.message_dict
 
     def test_longest_name_makes_valid_ids(self):
-        validate_schedule(schedule_of(name="x" * 96))
+        name = "x" * 96
+        validate_schedule(schedule_of(name=name))
+        # The longest ids it can make: a tick and a "run now" in the last second of year 9999.
+        last = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+        for job_id in (tick_job_id(name, last), manual_job_id(name, last)):
+            assert validate_job_id(job_id) == job_id
+        assert len(manual_job_id(name, last)) == JOB_ID_MAX_LENGTH  # not one character to spare
 
     def test_oversized_payload_is_a_payload_error(self, settings):
         settings.JOBQ = {**settings.JOBQ, "MAX_PAYLOAD_BYTES": 100}
@@ -585,12 +604,20 @@ class TestReaperHook:
 # -- separate reaper processes ----------------------------------------------------------------
 
 
+def log_of(proc) -> str:
+    return Path(proc.log_path).read_text()
+
+
 def run_three_reapers(spawner: Spawner, storage, alias: str) -> None:
     """Three runreaper processes race for a 1-second interval schedule; every tick up to where
     they stopped must be stored exactly once, by exactly one of them."""
+    reapers = [spawner("runreaper", "--interval", "0.05", log=f"reaper{i}") for i in range(3)]
+    # All three sweeping (and so handling SIGTERM) before the first tick: on a loaded machine
+    # Django's start-up takes seconds, and a race that one process runs alone proves nothing.
+    up = lambda: all("reaper sweeping every" in log_of(p) for p in reapers)  # noqa: E731
+    assert wait_until(up, PROCESS_START), [log_of(p) for p in reapers]
     start = dt.datetime.now(UTC).replace(microsecond=0) + 2 * SECOND
     make(alias, "proc", interval=1, next_run_at=start)
-    reapers = [spawner("runreaper", "--interval", "0.05", log=f"reaper{i}") for i in range(3)]
     # Ten ticks: the chance that one process wins every race is 3 * 3**-10.
     assert wait_until(lambda: job_count(storage) >= 10, 60), [p.poll() for p in reapers]
     Schedule.objects.using(alias).filter(name="proc").update(enabled=False)
@@ -603,7 +630,7 @@ def run_three_reapers(spawner: Spawner, storage, alias: str) -> None:
     assert n >= 10
     assert stored_ids(storage, expected) == expected
     assert job_count(storage) == n
-    logs = "".join(open(p.log_path).read() for p in reapers)  # type: ignore[attr-defined]
+    logs = "".join(log_of(p) for p in reapers)
     fired = Counter(re.findall(r"fired tests-sched/(schedule\.proc\.\d+)", logs))
     assert set(fired) == expected
     assert set(fired.values()) == {1}

@@ -72,7 +72,7 @@ def test_a_task_runs_on_the_worker_and_its_result_comes_back(tasks_on, worker):
     result = task_funcs.add.enqueue(2, 3)
     assert result.status == TaskResultStatus.READY and result.backend == "default"
     worker()
-    assert wait_until(finished(result), 10)
+    assert wait_until(finished(result))
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
     assert result.attempts == 1 and result.finished_at >= result.started_at
@@ -85,8 +85,8 @@ def test_higher_django_priority_runs_first(tasks_on, worker):
     task_funcs.add.enqueue(1, 1)
     last = task_funcs.urgent.enqueue("high")
     worker(concurrency=1)
-    assert wait_until(finished(last), 10)
-    assert wait_until(lambda: len(task_funcs.CALLS) == 3, 10)
+    assert wait_until(finished(last))
+    assert wait_until(lambda: len(task_funcs.CALLS) == 3)
     assert [c[0] if c[0] == "add" else c[1] for c in task_funcs.CALLS] == ["high", "add", "low"]
 
 
@@ -102,7 +102,7 @@ def test_run_after_defers_the_task(tasks_on, worker, live_storage):
 def test_a_failing_task_is_retried_then_failed_with_its_error(tasks_on, worker):
     result = task_funcs.explode.enqueue()
     worker()
-    assert wait_until(finished(result), 10)
+    assert wait_until(finished(result))
     assert result.status == TaskResultStatus.FAILED
     assert result.attempts == 2  # JOB_OPTIONS max_attempts=2: our retries applied
     assert result.errors[0].exception_class is ValueError
@@ -114,7 +114,7 @@ def test_a_failing_task_is_retried_then_failed_with_its_error(tasks_on, worker):
 def test_takes_context_gets_the_attempt(tasks_on, worker):
     result = task_funcs.with_context.enqueue(7)
     worker()
-    assert wait_until(finished(result), 10)
+    assert wait_until(finished(result))
     assert result.return_value == {"attempt": 1, "id": result.id, "x": 7}
 
 
@@ -141,7 +141,7 @@ def test_queue_name_maps_to_our_queue(tasks_on, worker):
     result = task_funcs.on_other_queue.enqueue()
     assert result.id.startswith("tasks-other/")
     worker("tasks-other")
-    assert wait_until(finished(result), 10)
+    assert wait_until(finished(result))
     assert result.return_value == "other"
 
 
@@ -158,8 +158,8 @@ def test_signals_are_sent(tasks_on, worker):
     try:
         result = task_funcs.add.enqueue(1, 2)
         worker()
-        assert wait_until(finished(result), 10)
-        assert wait_until(lambda: len(seen) == 3, 5)
+        assert wait_until(finished(result))
+        assert wait_until(lambda: len(seen) == 3)
     finally:
         for signal, receiver in receivers:
             signal.disconnect(receiver)
@@ -184,7 +184,7 @@ def test_a_payload_naming_a_plain_callable_is_refused_without_calling_it(
     live_storage.enqueue("default", NewJob("evil", body, JobOptions(max_attempts=3)))
     worker()
     assert wait_until(lambda: live_storage.get_record("default", "evil").state
-                      is JobState.FAILED, 10)  # fmt: skip
+                      is JobState.FAILED)  # fmt: skip
     rec = live_storage.get_record("default", "evil")
     assert rec.attempts == 1  # permanent: no retries
     assert task_funcs.CALLS == []

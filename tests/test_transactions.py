@@ -6,6 +6,8 @@ worker is woken before the commit); the Redis backend offers ``enqueue_on_commit
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import transaction
 
@@ -49,25 +51,34 @@ def test_database_bulk_enqueue_is_rolled_back_too(live_storage):
 
 
 def test_uncommitted_job_is_invisible_to_a_worker_thread(live_storage):
-    """PostgreSQL: the worker's claim finds nothing. SQLite (one writer at a time): the claim
-    waits for the write lock and gets the job only once it is committed."""
-    import threading
-
+    """A claim made on another connection while the enqueueing transaction is open never gets
+    the job. PostgreSQL: the claim returns at once, empty. SQLite (one writer at a time): the
+    claim waits for the write lock and gets the job once it is committed."""
     q = Queue("tx", storage=live_storage)
-    claimed: list = []
+    calling, committing = threading.Event(), threading.Event()
+    answers: list[tuple[list[str], bool]] = []  # (ids claimed, the commit had begun)
+
+    def claim() -> None:
+        calling.set()
+        jobs = live_storage.claim("tx", "w", 5, 1000).jobs
+        answers.append(([j.job_id for j in jobs], committing.is_set()))
+
     with transaction.atomic(using=live_storage.using):
         q.enqueue("pending", 1)
-        t = threading.Thread(
-            target=lambda: claimed.extend(live_storage.claim("tx", "w", 5, 1000).jobs)
-        )
+        t = threading.Thread(target=claim)
         t.start()
-        t.join(0.3)
-        assert claimed == []
-    t.join(10)
+        assert calling.wait(30)
+        if live_storage.vendor == "postgresql":  # readers never wait for writers
+            t.join(30)
+            assert answers == [([], False)]
+        committing.set()
+    t.join(30)
     assert not t.is_alive()
-    if not claimed:
-        claimed = live_storage.claim("tx", "w", 5, 1000).jobs
-    assert [j.job_id for j in claimed] == ["pending"]
+    [(ids, after_commit)] = answers
+    if not after_commit:
+        assert ids == []  # answered while the job was uncommitted
+        ids = [j.job_id for j in live_storage.claim("tx", "w", 5, 1000).jobs]
+    assert ids == ["pending"]
 
 
 def test_rows_name_the_queue_handler(live_storage):

@@ -36,7 +36,7 @@ def run_worker(live_storage, handlers):
     yield start
     for w in workers:
         w.stop(hurry=True)
-        assert w.stopped.wait(10)
+        assert w.stopped.wait(30)
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_failing_job_retries_with_backoff_then_fails_with_the_error(q, handlers,
     handlers.register("w", flaky)
     run_worker()
     with pytest.raises(JobFailed) as info:
-        q.enqueue_and_wait("f", 1, max_attempts=3, min_backoff=100, max_backoff=1000, timeout=10)
+        q.enqueue_and_wait("f", 1, max_attempts=3, min_backoff=100, max_backoff=1000, timeout=30)
     assert [a for a, _ in attempts] == [1, 2, 3]
     gaps = [b - a for (_, a), (_, b) in zip(attempts, attempts[1:], strict=False)]
     assert gaps[0] >= 0.09 and gaps[1] >= 0.19  # 100 ms then 200 ms (+ jitter)
@@ -71,7 +71,7 @@ def test_job_succeeding_on_a_retry_completes(q, handlers, run_worker):
 
     handlers.register("w", second_time_lucky)
     run_worker()
-    assert q.enqueue_and_wait("r", 1, min_backoff=10, timeout=5) == "ok"
+    assert q.enqueue_and_wait("r", 1, min_backoff=10, timeout=30) == "ok"
     assert q.get_status("r").attempts == 2
 
 
@@ -85,7 +85,7 @@ def test_permanent_error_uses_one_attempt(q, handlers, run_worker):
     handlers.register("w", perm)
     run_worker()
     with pytest.raises(JobFailed):
-        q.enqueue_and_wait("p", 1, max_attempts=5, timeout=5)
+        q.enqueue_and_wait("p", 1, max_attempts=5, timeout=30)
     assert calls == [1]
 
 
@@ -100,7 +100,7 @@ def test_retry_request_sets_the_next_run_time(q, handlers, run_worker):
 
     handlers.register("w", later)
     run_worker()
-    assert q.enqueue_and_wait("rt", 1, min_backoff=1, max_backoff=1, timeout=5) == 2
+    assert q.enqueue_and_wait("rt", 1, min_backoff=1, max_backoff=1, timeout=30) == 2
     assert starts[1] - starts[0] >= 0.29
 
 
@@ -108,10 +108,10 @@ def test_many_jobs_all_complete_with_a_small_pool(q, handlers, run_worker):
     handlers.register("w", lambda job: job.payload * 2)
     w = run_worker(concurrency=3, batch=2)
     q.enqueue_many([(f"j{i}", i) for i in range(300)])
-    assert wait_until(lambda: q.counts()[JobState.COMPLETED] == 300, 20)
+    assert wait_until(lambda: q.counts()[JobState.COMPLETED] == 300)
     assert q.get_result("j150").value == 300
     # The worker counts a verdict once storage has acknowledged it, a moment after it is visible.
-    assert wait_until(lambda: w.stats["completed"] == 300, 5), w.stats
+    assert wait_until(lambda: w.stats["completed"] == 300), w.stats
 
 
 def test_malformed_bytes_in_storage_fail_that_job_and_others_flow(
@@ -139,9 +139,9 @@ def test_graceful_stop_lets_the_running_job_finish(q, handlers, run_worker):
     handlers.register("w", slow)
     w = run_worker(grace=5)
     q.enqueue("g", 1)
-    assert started.wait(5)
+    assert started.wait(30)
     w.stop()
-    assert w.stopped.wait(5)
+    assert w.stopped.wait(30)
     assert q.get_result("g").value == "finished"
 
 
@@ -156,34 +156,60 @@ def test_stop_past_grace_releases_the_job_without_using_an_attempt(q, handlers, 
     handlers.register("w", stuck)
     w = run_worker(grace=0.2)
     q.enqueue("stuck", 1)
-    assert started.wait(5)
+    assert started.wait(30)
     w.stop()
-    assert w.stopped.wait(5)
+    assert w.stopped.wait(30)
     status = q.get_status("stuck")
     assert (status.state, status.attempts) == (JobState.QUEUED, 0)
     release.set()
 
 
-def test_claimed_but_unstarted_jobs_are_released_at_once_on_stop(q, handlers, run_worker):
+class _HoldingWorker(Worker):
+    """A worker whose handler threads hold the job named ``held`` after it was handed to them
+    and before it is marked running, until ``hold`` is set: the window a stop can land in
+    between a claim and the start of its handler, made as wide as the test needs."""
+
+    def __init__(self, *args, held: str, hold: threading.Event, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.held, self.hold, self.holding = held, hold, threading.Event()
+
+    def _start(self, claimed):
+        if claimed.job_id == self.held:
+            self.holding.set()
+            self.hold.wait(60)
+        return super()._start(claimed)
+
+
+def test_claimed_but_unstarted_jobs_are_released_at_once_on_stop(q, handlers, live_storage):
     gate, running = threading.Event(), threading.Event()
-    handlers.register("w", lambda job: running.set() or gate.wait(5))
-    w = run_worker(concurrency=1, batch=1, grace=5)
-    q.enqueue_many([("first", 1)])
-    # Wait for the handler itself, not the ACTIVE state: a claimed job whose handler has not
-    # started yet is (rightly) released on stop.
-    assert running.wait(5)
-    q.enqueue("second", 2)
-    w.stop()
-    gate.set()
-    assert w.stopped.wait(5)
+    handlers.register("w", lambda job: running.set() or gate.wait(60))
+    # grace 60 s: a worker that kept the unstarted job until the grace ran out would release
+    # it only long after the wait below gives up.
+    w = _HoldingWorker(["w"], storage=live_storage, handlers=handlers, concurrency=2, batch=1,
+                       lease=5000, grace=60, held="second", hold=gate)  # fmt: skip
+    w.start()
+    try:
+        q.enqueue("first", 1)
+        assert running.wait(30)
+        q.enqueue("second", 2)
+        assert w.holding.wait(30)  # claimed and handed to a handler thread, not started
+        w.stop()
+        # Released while "first" still runs (its handler waits for the gate): at once, not
+        # at the end of the grace period.
+        assert wait_until(lambda: q.get_status("second").state is JobState.QUEUED, 30)
+        assert q.get_status("first").state is JobState.ACTIVE
+        assert q.get_status("second").attempts == 0
+    finally:
+        gate.set()  # "first" finishes within the grace period
+        assert w.stopped.wait(60)
     assert q.get_status("first").state is JobState.COMPLETED
-    assert q.get_status("second").state is JobState.QUEUED
+    assert (w.stats["completed"], w.stats["released"]) == (1, 1)
 
 
 def test_heartbeats_keep_a_job_longer_than_its_lease(q, handlers, run_worker, live_storage):
     handlers.register("w", lambda job: time.sleep(1.0) or job.attempt)
     run_worker(lease=300, reap_interval=0.05)
-    assert q.enqueue_and_wait("long", 1, timeout=5) == 1
+    assert q.enqueue_and_wait("long", 1, timeout=30) == 1
     assert q.get_status("long").stalls == 0
 
 
@@ -219,10 +245,10 @@ def test_reclaimed_attempt_is_told_to_stop_and_its_late_verdict_is_refused(
     w = run_worker(lease=300, reap_interval=0, concurrency=2)
     q.enqueue("lost", 1)
     assert wait_until(lambda: len(calls) == 1)
-    assert wait_until(lambda: live_storage.reap("w").requeued == ["lost"], 3)
+    assert wait_until(lambda: live_storage.reap("w").requeued == ["lost"])
     assert wait_until(lambda: len(calls) == 2)
     blip.clear()
-    assert wait_until(lambda: "old_cancelled" in seen, 5)
+    assert wait_until(lambda: "old_cancelled" in seen)
     assert seen["old_cancelled"] is True
     assert wait_until(lambda: w.stats["lost"] == 1)
     assert q.get_result("lost").value == "new attempt"
@@ -238,7 +264,7 @@ def test_worker_registers_while_running_and_deregisters_on_stop(live_storage, ha
     info = next(r for r in live_storage.list_workers() if r.worker_id == w.worker_id).info
     assert (info["queues"], info["concurrency"]) == (["w"], w.concurrency)
     w.stop()
-    assert w.stopped.wait(5)
+    assert w.stopped.wait(30)
     assert w.worker_id not in [rec.worker_id for rec in live_storage.list_workers()]
 
 
@@ -249,12 +275,30 @@ def test_worker_refuses_queues_without_handlers(live_storage, handlers):
         Worker(["w"], storage=live_storage, handlers=handlers).check()
 
 
-def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(q, handlers, run_worker):
-    handlers.register("w", lambda job: time.time())
-    run_worker()
-    time.sleep(0.05)
-    enqueued = time.time()
+def test_idle_worker_wakes_for_a_delayed_job_when_it_is_due(storage, clock, handlers, monkeypatch):
+    """A claim that finds only a job due in 300 ms makes the worker wait exactly that long,
+    not its idle timeout. Every storage caps its waits (a safety net for lost signals), so a
+    worker that ignored the due time would still run the job, seconds late: the wait it asks
+    of the storage is the wake-up. The storage clock is the test's, so "due" is an event."""
+    waits: list[float] = []
+    real_wait = storage.wait_for_jobs
+
+    def recording_wait(queues, timeout, worker_id=None):
+        waits.append(timeout)
+        return real_wait(queues, timeout, worker_id)
+
+    monkeypatch.setattr(storage, "wait_for_jobs", recording_wait)
+    handlers.register("w", lambda job: "ran")
+    q = Queue("w", storage=storage)
     q.enqueue("d", 1, delay=300)
-    assert wait_until(lambda: q.get_status("d").state is JobState.COMPLETED, 5)
-    ran_at = q.get_result("d").value
-    assert ran_at - enqueued >= 0.29
+    w = Worker(["w"], storage=storage, handlers=handlers, idle_timeout=120, lease=5000, grace=5)
+    w.start()
+    try:
+        assert wait_until(lambda: 0.3 in waits, 30), waits
+        assert q.get_status("d").state is JobState.SCHEDULED
+        clock.advance(300)
+        assert wait_until(lambda: q.get_status("d").state is JobState.COMPLETED, 30)
+    finally:
+        w.stop(hurry=True)
+        assert w.stopped.wait(30)
+    assert q.get_result("d").value == "ran"

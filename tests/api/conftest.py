@@ -78,6 +78,12 @@ def api(api_backend, client_for) -> APIClient:
     return client_for()
 
 
+def registered_workers() -> list[str]:
+    """Ids of the workers the configured storage lists as live (what /workers and /health
+    count): a worker registers itself once it serves."""
+    return [record.worker_id for record in get_storage().list_workers()]
+
+
 @pytest.fixture
 def worker(api_backend):
     running = []

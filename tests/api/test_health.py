@@ -11,11 +11,14 @@ from django_jobq.conf import get_storage, reset_storage
 from django_jobq.models import Job
 from django_jobq.queue import get_queue
 
+from ..helpers import wait_until
+from .conftest import registered_workers
+
 
 def test_health_needs_no_credentials_and_shows_no_job_data(api_backend, worker):
     get_queue("api-a").enqueue("secret-id", {"card": "4111"})
-    worker("tests-echo")
-    time.sleep(0.3)
+    w = worker("tests-echo")
+    assert wait_until(lambda: w.worker_id in registered_workers(), 30)
     response = APIClient().get("/jobq/health")
     assert response.status_code == 200
     body = response.json()

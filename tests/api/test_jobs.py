@@ -115,7 +115,7 @@ def test_status_of_a_job(api):
 
 def test_status_shows_progress_and_log_lines(api, worker):
     worker("tests-report")
-    get_queue("tests-report").enqueue_and_wait("p1", {}, timeout=10)
+    get_queue("tests-report").enqueue_and_wait("p1", {}, timeout=30)
     body = api.get("/jobq/queues/tests-report/jobs/p1/").json()
     assert set(body["progress"]) == {"pid"}
     [log] = body["logs"]
@@ -132,7 +132,7 @@ def test_malformed_job_id_in_path_is_404(api):
 
 def test_result_of_completed_job_has_value(api, worker):
     worker("tests-echo")
-    get_queue("tests-echo").enqueue_and_wait("r1", {"n": 1}, timeout=10)
+    get_queue("tests-echo").enqueue_and_wait("r1", {"n": 1}, timeout=30)
     body = api.get(URL + "jobs/r1/result/").json()
     assert body == {
         "id": "r1", "queue": "tests-echo", "state": "completed", "ready": True,
@@ -145,7 +145,7 @@ def test_result_of_waiting_job_is_not_ready_at_once(api):
     started = time.monotonic()
     body = api.get(URL + "jobs/w1/result/").json()
     assert (body["state"], body["ready"]) == ("queued", False)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # answered without waiting for the job
 
 
 def test_result_wait_returns_when_the_job_completes(api, worker):
@@ -160,7 +160,7 @@ def test_result_wait_gives_up_after_the_wait_with_the_state(api):
     started = time.monotonic()
     body = api.get(URL + "jobs/w3/result/?wait=0.5").json()
     assert (body["state"], body["ready"]) == ("queued", False)
-    assert 0.5 <= time.monotonic() - started < 3
+    assert 0.5 <= time.monotonic() - started < 20  # its own 0.5 s, not the 30 s maximum
 
 
 @pytest.mark.parametrize("wait", ["-1", "31", "soon"])
@@ -194,7 +194,7 @@ def test_cancel_waiting_job(api):
 
 def test_cancel_completed_job_is_409_with_its_state(api, worker):
     worker("tests-echo")
-    get_queue("tests-echo").enqueue_and_wait("c2", 1, timeout=10)
+    get_queue("tests-echo").enqueue_and_wait("c2", 1, timeout=30)
     response = api.post(URL + "jobs/c2/cancel/")
     assert response.status_code == 409
     assert response.json()["state"] == "completed"
@@ -204,13 +204,13 @@ def test_cancel_of_a_running_job_is_accepted_and_the_job_ends_cancelled(api, wor
     worker("tests-slow")
     q = get_queue("tests-slow")
     q.enqueue("running", {"seconds": 2})
-    assert wait_until(lambda: q.get_status("running").state == "active", 10)
+    assert wait_until(lambda: q.get_status("running").state == "active")
     assert api.post("/jobq/queues/tests-slow/jobs/running/cancel/?force=maybe").status_code == 400
     response = api.post("/jobq/queues/tests-slow/jobs/running/cancel/?force=true")
     assert response.status_code == 202
     assert response.json()["outcome"] == "requested"
     # The thread pool cannot kill: the handler sleeps on, then its attempt ends cancelled.
-    assert wait_until(lambda: q.get_status("running").state == "cancelled", 15)
+    assert wait_until(lambda: q.get_status("running").state == "cancelled")
 
 
 def test_cancel_unknown_job_is_404(api):

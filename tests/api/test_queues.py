@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import time
-
 from django_jobq.models import Schedule
 from django_jobq.queue import get_queue
+
+from ..helpers import wait_until
+from .conftest import registered_workers
 
 
 def test_queue_list_has_counts_paused_limits_and_stats(api, worker, mirror_now):
     get_queue("tests-echo").enqueue("q1")
     worker("tests-echo")
-    get_queue("tests-echo").enqueue_and_wait("q2", 1, timeout=10)
+    get_queue("tests-echo").enqueue_and_wait("q2", 1, timeout=30)
     get_queue("tests-echo").enqueue("later", delay=60_000)
     mirror_now()
     queues = {q["name"]: q for q in api.get("/jobq/queues/").json()}
@@ -43,19 +44,16 @@ def test_pause_and_resume(api):
 
 def test_workers_lists_live_workers(api, worker):
     w = worker("tests-echo")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        workers = api.get("/jobq/workers/").json()
-        if workers:
-            break
-        time.sleep(0.05)
+    assert wait_until(lambda: w.worker_id in registered_workers(), 30)
+    workers = api.get("/jobq/workers/").json()
     assert [x["id"] for x in workers] == [w.worker_id]
     assert workers[0]["queues"] == ["tests-echo"]
 
 
 def test_workers_of_other_queues_are_hidden_from_a_scoped_key(api_backend, worker, client_for):
-    worker("tests-echo")
-    time.sleep(0.3)
+    w = worker("tests-echo")
+    assert wait_until(lambda: w.worker_id in registered_workers(), 30)
+    assert [x["id"] for x in client_for().get("/jobq/workers/").json()] == [w.worker_id]
     assert client_for(queues=["api-a"]).get("/jobq/workers/").json() == []
 
 

@@ -40,7 +40,7 @@ def test_retry_waiting_job_is_409_with_its_state(api):
 
 def test_retry_completed_job_is_409(api, worker):
     worker("tests-echo")
-    get_queue("tests-echo").enqueue_and_wait("done", 1, timeout=10)
+    get_queue("tests-echo").enqueue_and_wait("done", 1, timeout=30)
     response = api.post(ECHO + "jobs/done/retry/")
     assert (response.status_code, response.json()["state"]) == (409, "completed")
 

@@ -48,7 +48,7 @@ class PrivateRedis:
         )  # fmt: skip
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.client = client_from_url(self.url)
-        if not wait_until(self._answers, 10, 0.05):
+        if not wait_until(self._answers, 30, 0.05):
             self.stop()
             raise RuntimeError(f"private redis on {self.port} did not start: {self.log}")
 

@@ -32,7 +32,7 @@ def test_crash_after_claim_and_before_complete(scale, supervise, ledger, queue_o
     supervise(["runreaper", "--interval", "0.2"], 1)
     done = wait_all_completed(queue, ids, sized(scale, 240, 1500))
     crashes = crash_claim + crash_ack
-    assert wait_until(lambda: workers.exits.count(CRASH_CODE) >= crashes, 10)
+    assert wait_until(lambda: workers.exits.count(CRASH_CODE) >= crashes)
     tally = ledger.tally(done)
     runs = ledger.runs_per_job()
     # Crash before complete: from the end of the run whose verdict died to the rerun's start.

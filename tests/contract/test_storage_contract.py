@@ -19,6 +19,9 @@ from django_jobq.job import AckOutcome, CancelOutcome, EnqueueOutcome, JobOption
 from django_jobq.states import JobState, can_transition
 from django_jobq.storage.base import Ack
 
+from ..helpers import PATIENCE
+from .conftest import LONG_WAIT
+
 Q = "contract-q"
 LEASE = 10_000
 ERROR = b'{"type": "ValueError", "message": "boom"}'
@@ -373,7 +376,7 @@ def test_finished_record_expires_after_its_ttl_and_frees_the_id(storage, clock):
 
 
 @pytest.mark.parametrize("finish", ["complete", "fail", "cancel"])
-def test_wait_for_outcome_sees_a_completion_from_another_thread(live_storage, finish):
+def test_wait_for_outcome_sees_a_completion_from_another_thread(live_storage, finish, wakeups_only):
     live_storage.enqueue(Q, job("a", max_attempts=1, waiter=True))
 
     def finisher():
@@ -389,7 +392,7 @@ def test_wait_for_outcome_sees_a_completion_from_another_thread(live_storage, fi
 
     t = threading.Thread(target=finisher)
     t.start()
-    outcome = live_storage.wait_for_outcome(Q, "a", 5)
+    outcome = live_storage.wait_for_outcome(Q, "a", LONG_WAIT)
     t.join()
     expected = {"complete": JobState.COMPLETED, "fail": JobState.FAILED,
                 "cancel": JobState.CANCELLED}[finish]  # fmt: skip
@@ -400,34 +403,34 @@ def test_wait_for_outcome_sees_a_completion_from_another_thread(live_storage, fi
         assert b"boom" in bytes(outcome.error)
 
 
-def test_wait_for_outcome_after_the_job_finished_returns_at_once(live_storage):
+def test_wait_for_outcome_after_the_job_finished_returns_at_once(live_storage, wakeups_only):
     live_storage.enqueue(Q, job("a", waiter=True))
     c = live_storage.claim(Q, "w1", 1, LEASE).jobs[0]
     live_storage.complete(Q, "a", c.token, b'"r"')
     start = time.monotonic()
-    outcome = live_storage.wait_for_outcome(Q, "a", 5)
-    assert outcome.state is JobState.COMPLETED and time.monotonic() - start < 1
+    outcome = live_storage.wait_for_outcome(Q, "a", LONG_WAIT)
+    assert outcome.state is JobState.COMPLETED and time.monotonic() - start < PATIENCE
 
 
-def test_wait_for_outcome_times_out_with_none(live_storage):
+def test_wait_for_outcome_times_out_with_none(live_storage, wakeups_only):
     live_storage.enqueue(Q, job("a", waiter=True))
     start = time.monotonic()
     assert live_storage.wait_for_outcome(Q, "a", 0.2) is None
-    assert 0.15 <= time.monotonic() - start < 2
+    assert 0.15 <= time.monotonic() - start < PATIENCE  # its own timeout, not a safety net's
 
 
-def test_wait_for_jobs_wakes_on_an_enqueue_and_on_interrupt(live_storage):
+def test_wait_for_jobs_wakes_on_an_enqueue_and_on_interrupt(live_storage, wakeups_only):
     live_storage.claim(Q, "w1", 1, LEASE)  # the worker's empty claim comes first
     threading.Timer(0.1, lambda: live_storage.enqueue(Q, job("a"))).start()
     start = time.monotonic()
-    live_storage.wait_for_jobs([Q], 5, "w1")
-    assert time.monotonic() - start < 2
+    live_storage.wait_for_jobs([Q], LONG_WAIT, "w1")
+    assert time.monotonic() - start < PATIENCE
 
     live_storage.claim(Q, "w2", 0, LEASE)
     threading.Timer(0.1, lambda: live_storage.interrupt_wait(["idle-q"], "w2")).start()
     start = time.monotonic()
-    live_storage.wait_for_jobs(["idle-q"], 5, "w2")
-    assert time.monotonic() - start < 2
+    live_storage.wait_for_jobs(["idle-q"], LONG_WAIT, "w2")
+    assert time.monotonic() - start < PATIENCE
 
     # With nothing happening the wait lasts its timeout. A backend may wake spuriously once
     # more for a commit it noticed late (SQLite's cross-process watcher sees the timer thread's
