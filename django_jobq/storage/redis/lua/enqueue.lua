@@ -199,10 +199,13 @@ local function scheduling()
     local holder, deadline = h.dedup_value(redis.call('GET', dedup_key))
     if not holder or (deadline > 0 and deadline <= now) then return false end
     local holder_key = job_prefix .. holder
-    local f = redis.call('HMGET', holder_key, 'state', 'result', 'error')
+    local f = redis.call('HMGET', holder_key, 'state', 'result', 'error', 'dmode')
     local state = f[1]
     if not state then return false end  -- the holder's record is gone: the key is free
-    local mode = ARGV[x + 6]
+    -- The key keeps the rules of the mode it was taken in (a throttle key stays held for its
+    -- TTL whatever the holder does, even when this enqueue names another mode), as on every
+    -- backend.
+    local mode = f[4] or ARGV[x + 6]
     local final = state == 'completed' or state == 'failed' or state == 'cancelled'
     local code = 12
     if mode == 'simple' then
