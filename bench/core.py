@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench"  # served by bench/benchapp/jobs.py
 ENQ_QUEUE = "bench-enq"  # enqueue-only phases: nobody serves it, emptied after each phase
 
-# The figures to compare against (/work/shared/TARGETS.md) and the minimum bar.
+# The figures to compare against (peers measured on this kind of machine) and the minimum bar.
 TARGETS: dict[str, float] = {
     "enqueue_one_per_s": 10_000,
     "enqueue_bulk_per_s": 40_000,

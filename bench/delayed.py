@@ -9,7 +9,7 @@ enters the figure. A job that starts before its due time counts as ``early`` (mu
     python -m bench.delayed [--jobs 2000] [--spread 5] [--runs 3]
 
 Prints one JSON object on stdout: per run and median of runs, lateness p50/p90/p99/max (ms),
-the baseline's, their ratio, and whether the issue's target (p99 <= 100 ms) holds.
+the baseline's, their ratio, and whether the target (p99 <= 100 ms) holds.
 """
 
 from __future__ import annotations
