@@ -11,7 +11,7 @@ from django_jobq import JobState
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 
-from .helpers import Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -64,18 +64,25 @@ def test_sigkilled_worker_loses_no_job(spawn, slow_queue, tmp_path):
     assert len(runs) - len(ids) <= held  # only the killed in-flight ones may have run twice
 
 
-def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(spawn, slow_queue, tmp_path):
+def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
+    spawn, redis_client, redis_prefix, tmp_path
+):
+    # The tests-ledger handler writes "start" when it runs: SIGTERM goes only once the job is
+    # running, not merely claimed (a claimed job whose handler has not started is handed back
+    # at shutdown, which is another test's behaviour).
+    queue = Queue("tests-ledger", storage=RedisStorage(redis_client, prefix=redis_prefix))
     ledger = tmp_path / "ledger.txt"
-    slow_queue.enqueue("graceful", {"seconds": 1.5, "ledger": str(ledger)})
-    worker = spawn("runworker", "tests-slow", "--grace", "10", "-v", "2", log="graceful")
-    assert wait_until(lambda: slow_queue.get_status("graceful").state is JobState.ACTIVE)
+    queue.enqueue("graceful", {"seconds": 1.5, "ledger": str(ledger)})
+    worker = spawn("runworker", "tests-ledger", "--grace", "60", "-v", "2", log="graceful")
+    assert wait_until(lambda: ledger_lines(ledger)[:2] == ["start", "graceful"], PROCESS_START)
     worker.send_signal(signal.SIGTERM)
-    assert worker.wait(30) == 0
-    status = slow_queue.get_status("graceful")
+    assert worker.wait(90) == 0
+    status = queue.get_status("graceful")
     assert (status.state, status.attempts) == (JobState.COMPLETED, 1)
-    assert ledger_lines(ledger)[::2] == ["graceful"]
+    lines = [line.split()[:2] for line in ledger.read_text().splitlines()]
+    assert lines == [["start", "graceful"], ["end", "graceful"]]
     log = Path(worker.log_path).read_text()
-    assert "[tests-slow/graceful]" in log  # job id on the job's log lines
+    assert "[tests-ledger/graceful]" in log  # job id on the job's log lines
     assert "stopped" in log
 
 
