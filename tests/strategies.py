@@ -10,9 +10,30 @@ empty). Each strategy mixes these with ordinary values, so a property sees both.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+# JOBQ_MODEL_LONG=1: the long run (random examples, ten times as many); otherwise CI's size,
+# derandomized so that CI never meets a new example.
+LONG = os.environ.get("JOBQ_MODEL_LONG") == "1"
+
+
+def hostile_settings(ci_examples: int) -> settings:
+    """Settings of the hostile-input property tests (Python API and REST API alike)."""
+    return settings(
+        max_examples=ci_examples * 10 if LONG else ci_examples,
+        deadline=None,
+        derandomize=not LONG,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+            HealthCheck.data_too_large, HealthCheck.large_base_example,
+        ],
+    )  # fmt: skip
+
 
 NON_FINITE = (float("nan"), float("inf"), float("-inf"))
 ODD_CHARS = "\x00\u202e\u200f\u200d\ufeff\U0001f4a9\U0001f9d1\u200d\U0001f680/\\{}*?[]: \t\n\"'%"

@@ -10,11 +10,10 @@ too).
 from __future__ import annotations
 
 import json
-import os
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 
 from django_jobq.errors import InvalidJobId, InvalidQueueName, ValidationError
 from django_jobq.execution import error_body
@@ -25,23 +24,14 @@ from .strategies import (
     built,
     hostile_ids,
     hostile_queue_names,
+    hostile_settings,
     hostile_values,
     json_like,
     odd_text,
     same_json,
 )
 
-LONG = os.environ.get("JOBQ_MODEL_LONG") == "1"
-HOSTILE = settings(
-    max_examples=400 if LONG else 40,
-    deadline=None,
-    derandomize=not LONG,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
-        HealthCheck.large_base_example,
-    ],
-)  # fmt: skip
+HOSTILE = hostile_settings(40)
 
 
 def fresh_queue(storage) -> Queue:

@@ -10,31 +10,28 @@ never writes (``NaN``, nesting deeper than any parser's stack).
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from django_jobq.queue import get_queue
 
-from ..strategies import Built, built, hostile_ids, hostile_queue_names, hostile_values, same_json
+from ..strategies import (
+    Built,
+    built,
+    hostile_ids,
+    hostile_queue_names,
+    hostile_settings,
+    hostile_values,
+    same_json,
+)
 
 pytestmark = pytest.mark.parametrize("api_backend", ["redis", "sqlite", "postgres"], indirect=True)
 
-LONG = os.environ.get("JOBQ_MODEL_LONG") == "1"
-HOSTILE = settings(
-    max_examples=300 if LONG else 30,
-    deadline=None,
-    derandomize=not LONG,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
-        HealthCheck.large_base_example,
-    ],
-)  # fmt: skip
+HOSTILE = hostile_settings(30)
 
 
 def json_text(value: Any) -> str:
