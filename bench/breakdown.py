@@ -1,12 +1,13 @@
 """Where the time goes: the breakdowns behind docs/benchmarks.md's analysis.
 
-    python -m bench.breakdown rr      [--calls 500] [--concurrency 8]
+    python -m bench.breakdown rr      [--calls 500] [--concurrency 8] [--db postgres|sqlite]
     python -m bench.breakdown drain   [--jobs 10000] [--concurrency 64] [--top 25] [--shared-rng]
     python -m bench.breakdown enqueue [--jobs 50000]
 
 ``rr`` traces ``enqueue_and_wait`` calls against a worker process whose storage calls and
 ``execute`` are wrapped with timestamps (CLOCK_MONOTONIC is shared by all processes, so client
-and worker stamps line up) and prints the median of each leg of the round trip.
+and worker stamps line up) and prints the median of each leg of the round trip. With ``--db``
+it traces the database backend instead (``bench.core_db``'s database, emptied before and after).
 
 ``drain`` runs an in-process Worker (no process start-up) under cProfile (process-wide in
 Python 3.12, so every handler thread is included) and reports the Redis server's own time per
@@ -55,21 +56,36 @@ def traced_worker(concurrency: int, out_path: str) -> None:
     """Worker process of ``rr``: a real Worker whose storage calls record when they ran."""
     from django_jobq import worker as worker_mod
     from django_jobq.conf import get_storage
+    from django_jobq.pools import thread as thread_pool
 
     storage = get_storage()
     stamps: list[tuple[str, str | None, int]] = []
     now = time.monotonic_ns
-    wait, claim, ack_many, execute = (
+    wait, wait_and_claim, claim, ack_many, execute = (
         storage.wait_for_jobs,
+        storage.wait_and_claim,
         storage.claim,
         storage.ack_many,
-        worker_mod.execute,
+        thread_pool.execute,  # what the thread pool's runner calls per job
     )
 
     def traced_wait(*args: Any, **kwargs: Any) -> Any:
         result = wait(*args, **kwargs)
         stamps.append(("wake", None, now()))
         return result
+
+    def traced_wait_and_claim(*args: Any, **kwargs: Any) -> Any:
+        # Redis: the claim ran on the server as the wait ended and came back with the wake-up,
+        # so the wake and both claim stamps are one instant (the claim legs read 0).
+        batch = wait_and_claim(*args, **kwargs)
+        t = now()
+        if batch is not None:
+            stamps.append(("wake", None, t))
+            for job in batch.jobs:
+                stamps.extend([("claim0", job.job_id, t), ("claim1", job.job_id, t)])
+        else:
+            stamps.append(("wake", None, t))
+        return batch
 
     def traced_claim(*args: Any, **kwargs: Any) -> Any:
         t0 = now()
@@ -94,9 +110,10 @@ def traced_worker(concurrency: int, out_path: str) -> None:
         return verdict
 
     storage.wait_for_jobs = traced_wait
+    storage.wait_and_claim = traced_wait_and_claim
     storage.claim = traced_claim
     storage.ack_many = traced_ack_many
-    worker_mod.execute = traced_execute
+    thread_pool.execute = traced_execute
     worker = worker_mod.Worker([QUEUE], concurrency=concurrency)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop(hurry=True))
     worker.run()
@@ -106,7 +123,7 @@ def traced_worker(concurrency: int, out_path: str) -> None:
 
 RR_LEGS = (
     "client: enqueue call returns",
-    "client start -> worker's BLPOP returns",
+    "client start -> worker's BLPOP returns (+claim)",
     "wake -> claim sent",
     "claim call (round trip + script)",
     "claim returned -> handler thread starts",
@@ -121,10 +138,8 @@ def profile_rr(calls: int, concurrency: int, prefix: str) -> None:
     """Median of every leg of a request/response, client and worker stamps aligned by id."""
     from django_jobq.conf import get_storage
     from django_jobq.queue import Queue
-    from django_jobq.storage.redis.keys import GlobalKeys
 
     storage = get_storage()
-    client = storage.client
     fd, out_path = tempfile.mkstemp(prefix="jobq-rr-trace-", suffix=".json")
     os.close(fd)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -134,19 +149,31 @@ def profile_rr(calls: int, concurrency: int, prefix: str) -> None:
     client_stamps: dict[str, dict[str, int]] = {}
     try:
         deadline = time.monotonic() + 30
-        while client.zcard(GlobalKeys(prefix).workers) == 0:
+        while not storage.list_workers():
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("the traced worker did not start")
             time.sleep(0.02)
         time.sleep(0.3)
-        enqueue = storage.enqueue
+        parse = getattr(storage, "_parse_enqueue", None)
 
-        def traced_enqueue(queue: str, job: Any) -> Any:
-            stored = enqueue(queue, job)
-            client_stamps.setdefault(job.job_id, {})["enq1"] = time.monotonic_ns()
-            return stored
+        def traced_parse(jobs: Any, raw: Any) -> Any:
+            # The enqueue's reply is in: on Redis enqueue_and_wait reads it while its BLPOP,
+            # sent in the same write, is still blocked.
+            for job in jobs:
+                client_stamps.setdefault(job.job_id, {})["enq1"] = time.monotonic_ns()
+            return parse(jobs, raw)  # type: ignore[misc]
 
-        storage.enqueue = traced_enqueue
+        if parse is not None:
+            storage._parse_enqueue = traced_parse
+        else:  # the database backend: the enqueue call itself
+            enqueue = storage.enqueue
+
+            def traced_enqueue(queue: str, job: Any) -> Any:
+                stored = enqueue(queue, job)
+                client_stamps.setdefault(job.job_id, {})["enq1"] = time.monotonic_ns()
+                return stored
+
+            storage.enqueue = traced_enqueue
         queue = Queue(QUEUE)
         for i in range(50):
             queue.enqueue_and_wait(payload={"n": i}, timeout=10)
@@ -208,17 +235,17 @@ def profile_drain(jobs: int, concurrency: int, top: int, shared_rng: bool) -> No
     the product), to measure what that per-job seeding costs.
     """
     from django_jobq import JobState
-    from django_jobq import worker as worker_mod
+    from django_jobq.pools import thread as thread_pool
     from django_jobq.queue import Queue
     from django_jobq.worker import Worker
 
     if shared_rng:
-        execute, rng = worker_mod.execute, random.Random()
+        execute, rng = thread_pool.execute, random.Random()
 
         def execute_shared_rng(claimed: Any, handlers: Any, job: Any = None) -> Any:
             return execute(claimed, handlers, job, rng)
 
-        worker_mod.execute = execute_shared_rng
+        thread_pool.execute = execute_shared_rng
 
     client = redis_client()
     queue = Queue(QUEUE)
@@ -329,12 +356,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared-rng", action="store_true", help="drain: the Random experiment")
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--db", choices=["postgres", "sqlite"], help="rr: the database backend")
     args = parser.parse_args(argv)
     if args.what == "_worker":  # the traced worker process of "rr"
         setup_django(args.prefix)
         traced_worker(args.concurrency, args.out)
         return
     prefix = f"jobqbench-prof-{uuid.uuid4().hex[:10]}"
+    if args.db:
+        if args.what != "rr":
+            parser.error("--db applies to rr only")
+        from bench import core_db
+
+        core_db.setup(args.db)  # exports JOBQ_BENCH_DB, inherited by the traced worker
+        core_db.reset()
+        try:
+            profile_rr(args.calls, args.concurrency or 8, prefix)
+        finally:
+            core_db.reset()
+        return
     setup_django(prefix)
     try:
         if args.what == "rr":

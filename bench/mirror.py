@@ -1,6 +1,12 @@
 """Mirror lag under load: does the model mirror keep up with a worker draining 2,000 jobs/s?
 
     python -m bench.mirror [--rate 2000] [--seconds 60] [--db sqlite|postgres] [--quick]
+    python -m bench.mirror --bulk 30000 --seconds 0 [--db sqlite|postgres]
+
+With ``--bulk`` (or a ``--rate`` above what one worker completes), the worker is saturated and the
+run puts the mirror's sustained rate (events/s and job rows/s over the time it spent on
+batches) beside that worker's completion rate, measured in the same run on the same machine:
+``mirror_over_worker`` above 1 means the mirror keeps up with a saturated worker.
 
 Three processes, as in production: this one produces jobs at a steady rate, one ``runworker``
 drains them, one mirror (``Mirror.run``, the loop ``runmirror`` and ``runreaper`` use) writes
@@ -28,7 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "mirrorbench"
-PG_DB = "jobq_mirror_bench"
+PG_DB = os.environ.get("JOBQ_BENCH_PG_DB", "jobq_mirror_bench")
 
 
 def log(message: str) -> None:
@@ -59,8 +65,41 @@ def child() -> None:
 
     n_last = [0]
     mirror.run_once = timed  # type: ignore[method-assign]
+    jobs = {"written": 0}
+    apply = mirror._apply
+
+    def counted(events: list) -> None:
+        # Jobs per read: a job's events in one read share one record read and one row write.
+        jobs["written"] += len({e.job_id for e in events})
+        apply(events)
+
+    mirror._apply = counted  # type: ignore[method-assign]
+    # Where the busy time goes: reading and decoding the stream, reading and decoding the
+    # records, and the rest of the writes (building rows, SQL, commits).
+    phases = {"stream_read": 0.0, "records_read": 0.0, "write": 0.0}
+
+    def timed_phase(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[name] += time.perf_counter() - start
+
+        return wrapper
+
+    storage = mirror.storage
+    storage.read_group = timed_phase("stream_read", storage.read_group)
+    storage.get_records = timed_phase("records_read", storage.get_records)
+    mirror._write_jobs = timed_phase("write", mirror._write_jobs)  # type: ignore[method-assign]
     signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
-    mirror.run()
+    profile = os.environ.get("JOBQ_BENCH_MIRROR_PROFILE")
+    if profile:  # --profile: where the mirror process spends its time (cProfile stats)
+        import cProfile
+
+        cProfile.runctx("mirror.run()", globals(), {"mirror": mirror}, profile)
+    else:
+        mirror.run()
     samples = sorted(mirror.lag.samples)
 
     def pct(p: float) -> float | None:
@@ -73,7 +112,11 @@ def child() -> None:
         "max": float(samples[-1]) if samples else None,
         "mean": statistics.fmean(samples) if samples else None,
         "busy_events": busy["events"], "busy_seconds": round(busy["seconds"], 2),
+        "job_writes": jobs["written"],
         "resyncs": mirror.resyncs,
+        # "write" includes the records read inside it: the SQL side is write - records_read.
+        "phases_s": {**{k: round(v, 2) for k, v in phases.items()},
+                     "sql_and_rows": round(phases["write"] - phases["records_read"], 2)},
     }))  # fmt: skip
 
 
@@ -101,6 +144,14 @@ def main() -> None:
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--concurrency", type=int, default=32, help="worker concurrency")
     parser.add_argument("--quick", action="store_true", help="10 s instead of 60 s")
+    parser.add_argument(
+        "--bulk", type=int, default=0,
+        help="instead of a rate: enqueue this many jobs at once, then let the worker drain them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drain-timeout", type=float, default=300.0, help="seconds allowed to catch up after"
+    )
+    parser.add_argument("--profile", default="", help="write the mirror's cProfile stats here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.mirror_settings")
@@ -119,6 +170,7 @@ def main() -> None:
         "JOBQ_BENCH_SQLITE": f"/tmp/jobq-mirror-bench-{os.getpid()}.sqlite3",  # noqa: S108
         "JOBQ_BENCH_PG_DB": PG_DB,
         "JOBQ_BENCH_REDIS_URL": os.environ.get("JOBQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "JOBQ_BENCH_MIRROR_PROFILE": os.path.abspath(args.profile) if args.profile else "",
     }
     os.environ.update(env)
     prepare_database(env, args.db)
@@ -159,29 +211,55 @@ def main() -> None:
         def backlog() -> int:
             return storage.group_backlog(QUEUE, "jobq-mirror")[0]
 
-        log(f"producing {args.rate} jobs/s for {seconds:.0f} s; mirror into {args.db}")
+        stream_lengths: list[int] = []  # XLEN: bounded by what the mirror acknowledged
+
         samples: list[tuple[float, int]] = []
         completions: list[tuple[float, int]] = []  # (time, jobs completed): the worker's rate
-        produced, start = 0, time.monotonic()
+        produced = 0
+        if args.bulk:
+            # Held back while enqueued, then released at once: the worker runs flat out with
+            # no producer taking CPU from it, and the mirror has its queued events to write too.
+            queue.pause()
+            for first in range(0, args.bulk, 5000):
+                part = range(first, min(args.bulk, first + 5000))
+                queue.enqueue_many([(f"m{i}", i) for i in part])
+            produced = args.bulk
+            log(f"enqueued {produced} in bulk; released to the worker, mirror into {args.db}")
+            queue.resume()
+        else:
+            log(f"producing {args.rate} jobs/s for {seconds:.0f} s; mirror into {args.db}")
+        start = time.monotonic()
         next_sample = start + 1.0
-        while (elapsed := time.monotonic() - start) < seconds:
-            due = int(args.rate * elapsed) - produced
+        while (elapsed := time.monotonic() - start) < seconds or (
+            args.bulk and queue.counts()[JobState.COMPLETED] < produced
+        ):
+            due = 0 if args.bulk else int(args.rate * elapsed) - produced
             if due > 0:
                 queue.enqueue_many([(f"m{produced + i}", i) for i in range(due)])
                 produced += due
             now = time.monotonic()
             if now >= next_sample:
                 samples.append((round(now - start, 1), backlog()))
+                stream_lengths.append(storage.client.xlen(storage.keys(QUEUE).events))
                 completions.append((now, queue.counts()[JobState.COMPLETED]))
                 next_sample += 1.0
             time.sleep(0.01)
         produce_s = time.monotonic() - start
         log(f"produced {produced} in {produce_s:.1f} s; waiting for the worker and mirror")
-        drain_deadline = time.monotonic() + 120
+        drain_deadline = time.monotonic() + args.drain_timeout
+        worker_done_s = None
         while queue.counts()[JobState.COMPLETED] < produced or backlog() > 0:
             if time.monotonic() > drain_deadline:
-                raise RuntimeError("worker or mirror did not catch up within 120 s")
+                raise RuntimeError(f"worker or mirror did not catch up in {args.drain_timeout} s")
+            done_now = queue.counts()[JobState.COMPLETED]
+            if worker_done_s is None:
+                # The worker's rate is sampled up to its last completion: a bulk drain is over
+                # in seconds, before the once-a-second samples of the producing loop have two.
+                completions.append((time.monotonic(), done_now))
+                if done_now >= produced:
+                    worker_done_s = time.monotonic() - start
             time.sleep(0.1)
+        worker_done_s = worker_done_s or time.monotonic() - start
         catch_up_s = time.monotonic() - start - produce_s
         mirror.send_signal(signal.SIGTERM)
         out, _ = mirror.communicate(timeout=60)
@@ -189,8 +267,14 @@ def main() -> None:
 
         rows = Job.objects.filter(queue=QUEUE)
         mirrored, completed_rows = rows.count(), rows.filter(state="completed").count()
-        (t0, c0), (t1, c1) = completions[0], completions[-1]
+        # From the first sample with a completion (the worker's start-up is not its rate).
+        started = [i for i, (_, c) in enumerate(completions) if c > 0]
+        (t0, c0) = completions[max(started[0] - 1, 0)] if started else completions[0]
+        (t1, c1) = completions[-1]
         worker_rate = (c1 - c0) / (t1 - t0) if t1 > t0 else None
+        busy = lag["busy_seconds"]
+        mirror_rate = lag["busy_events"] / busy if busy else None
+        mirror_jobs = lag["job_writes"] / busy if busy else None
         third = max(1, len(samples) // 3)
         first, last = samples[:third], samples[-third:]
         result = {
@@ -202,11 +286,27 @@ def main() -> None:
             "jobs": produced,
             "events_mirrored": lag["events"],
             # Sustained capacity: events over the time spent on batches that had events.
-            "mirror_events_per_s": round(lag["busy_events"] / lag["busy_seconds"], 1)
-            if lag["busy_seconds"]
-            else None,
+            "mirror_events_per_s": round(mirror_rate, 1) if mirror_rate else None,
+            # Job rows written per second of work (a job whose events share a read counts once).
+            "mirror_job_rows_per_s": round(mirror_jobs, 1) if mirror_jobs else None,
             "worker_completed_per_s": round(worker_rate, 1) if worker_rate else None,
             "worker_events_per_s": round(worker_rate * 3, 1) if worker_rate else None,
+            # The same ratio in jobs: job rows handled per second of work (a job whose events
+            # share a read counts once) over jobs completed per second.
+            "mirror_jobs_over_worker": round(mirror_jobs / worker_rate, 2)
+            if mirror_jobs and worker_rate
+            else None,
+            "mirror_phases_s": lag["phases_s"],
+            # Above 1: the mirror writes events faster than this worker makes them.
+            "mirror_over_worker": round(mirror_rate / (worker_rate * 3), 2)
+            if mirror_rate and worker_rate
+            else None,
+            "worker_done_after_s": round(worker_done_s, 1),
+            "mirror_done_after_s": round(time.monotonic() - start, 1),
+            "stream_len_max": max(stream_lengths),
+            "stream_len_last_third_avg": round(
+                statistics.fmean(stream_lengths[-max(1, len(stream_lengths) // 3) :]), 1
+            ),
             "mirror_resyncs": lag["resyncs"],
             "lag_p50_ms": lag["p50"],
             "lag_p90_ms": lag["p90"],
@@ -231,9 +331,9 @@ def main() -> None:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        keys = list(storage.client.scan_iter(match="{" + prefix + "*", count=1000))
-        if keys:
-            storage.client.delete(*keys)
+        keys = list(storage.client.scan_iter(match="{" + prefix + "*", count=5000))
+        for first in range(0, len(keys), 1000):  # in slices: no single call blocks Redis long
+            storage.client.unlink(*keys[first : first + 1000])
         if args.db == "sqlite":
             for suffix in ("", "-wal", "-shm"):
                 Path(env["JOBQ_BENCH_SQLITE"] + suffix).unlink(missing_ok=True)

@@ -22,7 +22,7 @@ DATABASES = {
         "NAME": os.environ.get(
             "JOBQ_BENCH_SQLITE", os.path.join(tempfile.gettempdir(), "jobq-mirror-bench.sqlite3")
         ),
-        "OPTIONS": {"timeout": 20},
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
     }
     if _DB == "sqlite"
     else {

@@ -1,6 +1,7 @@
 """Cost of observability on the drain: one ``runworker`` draining no-op jobs with and without.
 
-    python -m bench.observability [--pairs 3] [--jobs 20000] [--concurrency 64] [--mode metrics]
+    python -m bench.observability [--pairs 3] [--jobs 20000] [--concurrency 64]
+                                  [--mode metrics[,tracing-sampled,tracing...]]
 
 Each pair drains the same number of queued no-op jobs (``bench.core``'s queue and handler) with
 one ``runworker`` process twice: once plain, once with ``--mode`` on in the worker
@@ -8,13 +9,18 @@ one ``runworker`` process twice: once plain, once with ``--mode`` on in the work
 ``tracing``: an OpenTelemetry SDK tracer provider sampling every trace, with a batch processor
 and an exporter that drops the spans, so every enqueue and attempt makes a span and every job
 carries its context; ``tracing-sampled``: the same sampling 1 % of traces, the usual set-up in
-production). The order inside a pair alternates.
+production; ``tracing-noexport``: the SDK's tracer provider configured with no span processor,
+"installed but unused"). "Off" always has ``opentelemetry-api`` installed and no provider.
+The order inside a pair alternates; with several modes (comma-separated) the pairs of the
+modes are interleaved (pair 0 of each mode, then pair 1 of each...), so a change of load
+on the machine falls on every mode alike.
 
 Two figures per drain: the wall-clock rate (what ``bench.core`` reports), and the **worker's
 CPU time per job** (user + system, read from ``/proc/<pid>/stat`` between the first sample with
 a completion and the end, so start-up is left out). On a machine shared with other load, the
 wall-clock rate swings with the neighbours; CPU time per job is what observability adds, and
-the ratio of the two CPU figures is the overhead we report. One JSON object on stdout.
+the ratio of the two CPU figures is the overhead we report, beside the ratio of the wall-clock
+rates (start-up included, and steady: first completion to last). One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench.core import QUEUE, ROOT, delete_matching, log, redis_client, run_pattern, setup_django
 
 # mode -> (environment variable of bench/settings.py, its value when on)
 MODES = {"metrics": ("JOBQ_BENCH_METRICS", "1"), "tracing": ("JOBQ_BENCH_TRACING", "1"),
-         "tracing-sampled": ("JOBQ_BENCH_TRACING", "0.01")}  # fmt: skip
+         "tracing-sampled": ("JOBQ_BENCH_TRACING", "0.01"),
+         "tracing-noexport": ("JOBQ_BENCH_TRACING", "noexport")}  # fmt: skip
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -43,15 +51,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
-def drain(n: int, concurrency: int, tag: str, log_dir: Path) -> dict:
-    from django_jobq import JobState
+def producer_provider(value: str) -> object:
+    """The tracer provider of this (enqueueing) process for a tracing mode that is on: the
+    same as the worker's (bench/settings.py), so sampled jobs carry their producer context."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class Drop(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    if value == "noexport":
+        return TracerProvider()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(float(value))))
+    provider.add_span_processor(BatchSpanProcessor(Drop()))
+    return provider
+
+
+def drain(n: int, concurrency: int, tag: str, log_dir: Path, producer: object = None) -> dict:
+    from django_jobq import JobState, tracing
     from django_jobq.queue import Queue
 
     queue = Queue(QUEUE)
     base = queue.counts()[JobState.COMPLETED]
     ids = [f"obs-{tag}-{i}" for i in range(n)]
-    for offset in range(0, n, 1000):
-        queue.enqueue_many([(job_id, {"n": 1}) for job_id in ids[offset : offset + 1000]])
+    tracing.use_provider(producer)
+    try:  # enqueue_many: one send span per call, its context in each of its jobs
+        for offset in range(0, n, 100):
+            queue.enqueue_many([(job_id, {"n": 1}) for job_id in ids[offset : offset + 100]])
+    finally:
+        tracing.use_provider(None)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "PYTHONPATH": str(ROOT)}
     with (log_dir / f"worker-{tag}.log").open("w") as out:
         proc = subprocess.Popen(
@@ -84,39 +114,130 @@ def drain(n: int, concurrency: int, tag: str, log_dir: Path) -> dict:
     }
 
 
+def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 300) -> float:
+    """CPU (``process_time``) per job of what the worker does for ``mode``, alone, per claim
+    batch of ``batch`` jobs: metrics, the tally's ``started`` and ``verdicts``; tracing, the
+    ``active()`` check and, when spans are made, a consumer span per job started (from a
+    carried context when the producer was sampled, else as a root, as in a drain), made
+    current around the handler and ended. The steadier figure on a loaded machine: it does
+    not depend on how the scheduler treats a drain, only on the code it times."""
+    import time as clock
+
+    from django_jobq import tracing
+    from django_jobq.metrics.tally import Tally
+
+    if mode == "metrics":
+        tally = Tally()
+        waited: list[int | None] = [3] * batch
+        timed = [("completed", 0.0)] * batch
+
+        def one_batch() -> None:
+            tally.started("bench", batch, waited)
+            tally.verdicts("bench", 0.002, timed)
+
+    else:
+        provider = producer_provider(value)
+        tracing.use_provider(provider)
+        meta: dict = {}
+        if tracing.active():  # a sampled producer's jobs carry its context (every one at 100 %)
+            with tracing.producer_span("bench") as (_, carrier):
+                meta = {tracing.TRACE_META: carrier} if carrier else {}
+
+        jobs = [SimpleNamespace(queue="bench", job_id=str(i), attempt=1) for i in range(batch)]
+        metas = [meta] * batch
+
+        def handler() -> None:
+            return None
+
+        def one_batch() -> None:
+            if tracing.active():  # as the worker: start, current around the handler, end
+                spans = tracing.start_consumers(jobs, metas, "w")
+                for span in spans:
+                    tracing.call_in(span, handler)
+                for span in spans:
+                    if span.is_recording():
+                        tracing.end_consumer(span, "completed", None)
+
+    try:
+        start = clock.process_time()
+        for _ in range(rounds):
+            one_batch()
+        return round((clock.process_time() - start) / (rounds * batch) * 1e6, 3)
+    finally:
+        tracing.use_provider(None)
+
+
+def run_pairs(modes: list[str], pairs: int, jobs: int, concurrency: int) -> dict[str, list]:
+    """``pairs`` off/on drain pairs per mode, the modes interleaved, each pair's order
+    alternating."""
+    results: dict[str, list] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="jobq-bench-") as tmp:
+        for i in range(pairs):
+            for mode in modes:
+                env, value = MODES[mode]
+                figures = {}
+                for on in (False, True) if i % 2 == 0 else (True, False):
+                    os.environ[env] = value if on else "0"
+                    traced = on and env == "JOBQ_BENCH_TRACING"
+                    try:
+                        result = drain(jobs, concurrency, f"{mode}-{i}-{int(on)}", Path(tmp),
+                                       producer_provider(value) if traced else None)  # fmt: skip
+                    finally:
+                        os.environ.pop(env, None)
+                    figures["on" if on else "off"] = result
+                    log(f"pair {i} {mode} {'on' if on else 'off'}: {result}")
+                off, on_ = figures["off"], figures["on"]
+                results[mode].append({
+                    "off": off, "on": on_,
+                    "cpu_ratio": round(on_["cpu_us_per_job"] / off["cpu_us_per_job"], 3),
+                    "wall_ratio": round(on_["per_s"] / off["per_s"], 3),
+                    "steady_wall_ratio": round(on_["steady_per_s"] / off["steady_per_s"], 3),
+                })  # fmt: skip
+    return results
+
+
+def summary(mode: str, pairs: list[dict]) -> dict:
+    """One mode's figures: each pair, the medians, and the isolated cost of its code."""
+    isolated = isolated_us_per_job(mode, MODES[mode][1])
+    off_cpu = statistics.median(p["off"]["cpu_us_per_job"] for p in pairs)
+    return {
+        "isolated_us_per_job": isolated,
+        "isolated_share_of_off_cpu": round(isolated / off_cpu, 4),
+        "median_off_cpu_us_per_job": off_cpu,
+        "median_cpu_ratio": statistics.median(p["cpu_ratio"] for p in pairs),
+        "median_wall_ratio": statistics.median(p["wall_ratio"] for p in pairs),
+        "median_steady_wall_ratio": statistics.median(p["steady_wall_ratio"] for p in pairs),
+        "pairs": pairs,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--mode", choices=sorted(MODES), default="metrics")
+    parser.add_argument(
+        "--mode",
+        default="metrics",
+        help=f"one or more of {', '.join(sorted(MODES))}, comma-separated",
+    )
     args = parser.parse_args()
+    modes = args.mode.split(",")
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
     prefix = f"jobqbench-{uuid.uuid4().hex[:10]}"
     setup_django(prefix)
-    env, value = MODES[args.mode]
-    pairs = []
+    load_start, uptime_start = os.getloadavg(), Path("/proc/loadavg").read_text().split()[:3]
     try:
-        with tempfile.TemporaryDirectory(prefix="jobq-bench-") as tmp:
-            for i in range(args.pairs):
-                figures = {}
-                for on in (False, True) if i % 2 == 0 else (True, False):
-                    os.environ[env] = value if on else "0"
-                    result = drain(args.jobs, args.concurrency, f"{i}-{int(on)}", Path(tmp))
-                    figures["on" if on else "off"] = result
-                    log(f"pair {i} {args.mode} {'on' if on else 'off'}: {result}")
-                off, on_ = figures["off"], figures["on"]
-                pairs.append({
-                    "off": off, "on": on_,
-                    "cpu_ratio": round(on_["cpu_us_per_job"] / off["cpu_us_per_job"], 3),
-                    "wall_ratio": round(on_["per_s"] / off["per_s"], 3),
-                })  # fmt: skip
+        results = run_pairs(modes, args.pairs, args.jobs, args.concurrency)
     finally:
-        os.environ.pop(env, None)
         delete_matching(redis_client(), run_pattern(prefix))
     print(json.dumps({
-        "mode": args.mode, "jobs": args.jobs, "concurrency": args.concurrency, "pairs": pairs,
-        "median_cpu_ratio": statistics.median(p["cpu_ratio"] for p in pairs),
-        "median_wall_ratio": statistics.median(p["wall_ratio"] for p in pairs),
+        "jobs": args.jobs, "concurrency": args.concurrency, "pairs_per_mode": args.pairs,
+        "loadavg_1_5_15_start": [float(x) for x in uptime_start],
+        "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_1m_start_end": [load_start[0], os.getloadavg()[0]],
+        "modes": {mode: summary(mode, pairs) for mode, pairs in results.items()},
     }, indent=2))  # fmt: skip
 
 

@@ -34,6 +34,21 @@ JOBQ = {
     # JOBQ_BENCH_METRICS=1: every process counts its job signals (the cost of the metrics).
     "METRICS": {"ENABLED": os.environ.get("JOBQ_BENCH_METRICS") == "1"},
 }
+# JOBQ_BENCH_DB=postgres|sqlite: the database backend instead (``python -m bench.core_db``), on
+# a PostgreSQL database of the run's own (JOBQ_BENCH_PG_DB) or the SQLite file above.
+_BENCH_DB = os.environ.get("JOBQ_BENCH_DB", "")
+if _BENCH_DB == "postgres":
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("JOBQ_BENCH_PG_DB", "jobq_bench_db"),
+        "USER": os.environ.get("JOBQ_BENCH_PG_USER", "postgres"),
+        "HOST": os.environ.get("JOBQ_BENCH_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("JOBQ_BENCH_PG_PORT", "5432"),
+    }
+if _BENCH_DB == "sqlite":
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+if _BENCH_DB:
+    JOBQ = {"BACKEND": "database", "METRICS": JOBQ["METRICS"]}
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 if os.environ.get("JOBQ_BENCH_TRACING", "0") != "0":
@@ -50,7 +65,11 @@ if os.environ.get("JOBQ_BENCH_TRACING", "0") != "0":
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    _ratio = float(os.environ["JOBQ_BENCH_TRACING"])
-    _provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(_ratio)))
-    _provider.add_span_processor(BatchSpanProcessor(_Drop()))
+    if os.environ["JOBQ_BENCH_TRACING"] == "noexport":
+        # --mode tracing-noexport: the SDK installed and configured, no span processor.
+        _provider = TracerProvider()
+    else:
+        _ratio = float(os.environ["JOBQ_BENCH_TRACING"])
+        _provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(_ratio)))
+        _provider.add_span_processor(BatchSpanProcessor(_Drop()))
     trace.set_tracer_provider(_provider)

@@ -27,8 +27,10 @@ from .job import (
     Job,
     JobResult,
     JobStatus,
+    Keep,
     PendingFailureCall,
     QueueLimits,
+    Retention,
     RetryOutcome,
 )
 from .states import JobState
@@ -57,7 +59,9 @@ __all__ = [
     "PermanentError",
     "Queue",
     "QueueBusy",
+    "Keep",
     "QueueLimits",
+    "Retention",
     "RateLimited",
     "Retry",
     "RetryOutcome",
@@ -65,9 +69,12 @@ __all__ = [
     "StorageUnavailable",
     "Timeout",
     "ValidationError",
+    "Backoff",
+    "Task",
     "get_queue",
     "handler",
     "on_failure",
+    "task",
 ]
 
 
@@ -82,4 +89,8 @@ def __getattr__(name: str):
         from . import registry
 
         return getattr(registry, name)
+    if name in ("task", "Task", "Backoff"):
+        from . import tasks
+
+        return getattr(tasks, name)
     raise AttributeError(name)

@@ -200,6 +200,8 @@ class Subscription:
     min_backoff: int = 1000
     max_backoff: int = 3600 * 1000
     max_stalls: int = 1
+    timeout: float | None = None  # s: past it the handler is asked to stop (async: cancelled)
+    hard_timeout: float | None = None  # s: past it the process pool kills the handler's child
 
     @property
     def label(self) -> str:
@@ -255,6 +257,8 @@ def subscriber(
     min_backoff: int | None = None,
     max_backoff: int | None = None,
     max_stalls: int | None = None,
+    timeout: float | None = None,
+    hard_timeout: float | None = None,
 ) -> Callable[[SubscriberHandler], SubscriberHandler]:
     """Register the decorated function as ``group``'s handler of ``broadcast``.
 
@@ -263,8 +267,18 @@ def subscriber(
     first worker that serves it, starting at ``start`` (see ``Broadcast.subscribe``; create it
     ahead of the deploy to get messages published before any worker ran). Failures retry with
     backoff up to ``max_attempts`` (``PermanentError``: at once to the dead letters); the
-    defaults are ``JOBQ["JOB_DEFAULTS"]``'s.
+    defaults are ``JOBQ["JOB_DEFAULTS"]``'s. ``timeout`` (seconds), as a job handler's: past
+    it a handler is asked to stop (``job.is_cancelled()``), an ``async def`` one is cancelled,
+    and the attempt fails (``TimeoutError`` when cancelled) and retries as above.
+    ``hard_timeout`` (seconds), as a job handler's: enforced by ``runworker --pool process``
+    (the child running the handler is killed) and ``--pool async`` (the task is cancelled);
+    the attempt fails with ``HardTimeout``. The thread pool refuses such a subscriber.
     """
+    for label, value in (("timeout", timeout), ("hard_timeout", hard_timeout)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise InvalidOption(f"{label} must be a number of seconds > 0, got {value!r}")
     defaults = jobq_settings()["JOB_DEFAULTS"]
 
     def pick(value: int | None, key: str, minimum: int) -> int:
@@ -286,6 +300,8 @@ def subscriber(
                 pick(min_backoff, "min_backoff", 0),
                 pick(max_backoff, "max_backoff", 0),
                 pick(max_stalls, "max_stalls", 0),
+                None if timeout is None else float(timeout),
+                None if hard_timeout is None else float(hard_timeout),
             )
         )
         return func

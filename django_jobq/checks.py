@@ -14,6 +14,23 @@ def jobq_settings_check(app_configs, **kwargs):
 
 
 @checks.register()
+def schedules_settings_check(app_configs, **kwargs):
+    """A bad ``JOBQ["SCHEDULES"]`` entry (bad cron, unknown task, arguments that do not bind,
+    NaN in a payload) is refused here, before deploy, and the reaper syncs nothing while one
+    is there."""
+    from .schedule_sync import check_declared
+
+    try:
+        problems = check_declared()
+    except Exception:  # a bad JOBQ setting is reported by jobq_settings_check
+        return []
+    return [
+        checks.Error(problem, hint="See docs/schedules.md.", id="django_jobq.E002")
+        for problem in problems
+    ]
+
+
+@checks.register()
 def mirror_sqlite_check(app_configs, **kwargs):
     """The Redis mirror commits to SQLite several times a second. A deferred transaction of
     the project's own that reads, then writes (``update_or_create``, ``get_or_create``,

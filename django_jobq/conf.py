@@ -35,7 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "BACKEND": None,
     # The Django database alias of the "database" backend (SQLite or PostgreSQL).
     "DATABASE_ALIAS": "default",
-    "REDIS_URL": None,  # None with BACKEND "redis": redis://127.0.0.1:6379/0
+    # None with BACKEND "redis": redis://127.0.0.1:6379/0. A Redis Cluster:
+    # redis+cluster://host:port,host:port (seed nodes; rediss+cluster:// for TLS).
+    "REDIS_URL": None,
     # A django-redis cache alias; when set it wins over REDIS_URL (shares the project's pool).
     "REDIS_CACHE_ALIAS": None,
     "PREFIX": "jobq",
@@ -53,6 +55,14 @@ DEFAULTS: dict[str, Any] = {
         "BATCH": 1000,
         "LAG_WARNING": 30.0,
         "CHECK_INTERVAL": 600.0,
+        # Seconds an event may sit read but unacknowledged by a consumer before another
+        # mirror takes it over (the reader died: a killed runmirror or runreaper).
+        "CLAIM_IDLE": 60.0,
+        # A gap on a queue with more waiting and running jobs than this is healed with the
+        # counts and a sample of records (SAMPLE per state), not a re-read of every record;
+        # the queue returns to exact rows once a full re-read fits in the stream cap.
+        "SAMPLE_ABOVE": 20_000,
+        "SAMPLE": 250,
     },  # fmt: skip
     # Rows of jobs finished more than this many days ago are deleted by the reaper (None: keep).
     "RETENTION_DAYS": 7,
@@ -65,7 +75,8 @@ DEFAULTS: dict[str, Any] = {
         "max_stalls": 1,
         "priority": 0,
     },
-    # {"emails": {"max_attempts": 5, ..., "limits": {"rate_max": 10, "rate_window": 1000}}}
+    # {"emails": {"max_attempts": 5, ..., "limits": {"rate_max": 10, "rate_window": 1000},
+    #             "retention": {"completed": {"count": 1000}, "failed": {"age": 7 * 86400000}}}}
     "QUEUES": {},
     "WORKER": {
         "concurrency": 8,
@@ -81,7 +92,9 @@ DEFAULTS: dict[str, Any] = {
         "failure_max_backoff": 86_400_000,
         "failure_poll": 1.0,
     },
-    "REAPER": {"interval": 1.0, "batch": 1000},
+    # schedule_sync_interval: seconds between the reaper's syncs of JOBQ["SCHEDULES"] to
+    # Schedule rows (it also syncs on start; None: only on start).
+    "REAPER": {"interval": 1.0, "batch": 1000, "schedule_sync_interval": 60.0},
     # "redis": an accepted enqueue lives in Redis only (fastest). "journal" (Redis backend
     # only): it is also written to the database, in the caller's transaction when one is open,
     # and jobq_reconcile re-creates what Redis lost (docs/durability.md). Per queue:
@@ -104,6 +117,12 @@ DEFAULTS: dict[str, Any] = {
         # still shows them to staff).
         "TRACEBACKS": False,
     },
+    # Periodic schedules declared in code, synced to Schedule rows by the reaper and
+    # jobq_schedules --sync (docs/schedules.md): {"name": {"task": ..., "cron": ...}, ...}.
+    "SCHEDULES": {},
+    # Task functions (@task, django_jobq.tasks): {"task name": "queue"} sends that task's jobs
+    # to another queue than its decorator names (docs/tasks.md).
+    "ROUTES": {},
     # Celery interoperability (django_jobq.celery_compat, docs/migrating-from-celery.md).
     "CELERY": {
         "BROKER_URL": None,  # kombu URL: publish(), and the bridge of CONSUME_QUEUES
@@ -124,7 +143,7 @@ DEFAULTS: dict[str, Any] = {
 BACKENDS = ("redis", "database", "memory")
 DURABILITIES = ("redis", "journal")
 # Keys of JOBQ["QUEUES"][q] that are queue settings, not job option defaults.
-QUEUE_SETTING_NAMES = ("limits", "durability")
+QUEUE_SETTING_NAMES = ("limits", "durability", "retention", "shards")
 OPTION_NAMES = tuple(JobOptions.__dataclass_fields__)
 
 
@@ -233,8 +252,16 @@ def configured_limits(queue: str) -> dict[str, int] | None:
     return dict(limits)
 
 
+def configured_shards(queue: str) -> int:
+    from .sharding import configured_shards as shards
+
+    return shards(queue)
+
+
 def check_settings() -> list[str]:
     """Problems with JOBQ, as messages (used by the system check and at storage build)."""
+    from .retention import configured_retention
+
     conf = jobq_settings()
     problems = []
     unknown = set(getattr(settings, "JOBQ", {}) or {}) - set(DEFAULTS)
@@ -259,16 +286,25 @@ def check_settings() -> list[str]:
             )
     if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
         url = conf["REDIS_URL"]
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        from .storage.redis.cluster import CLUSTER_SCHEMES, check_cluster_url
+
+        if not isinstance(url, str) or not url.startswith(
+            ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
+        ):
             problems.append(
-                f"JOBQ['REDIS_URL'] {url!r} is not a redis://, rediss:// or unix:// URL"
+                f"JOBQ['REDIS_URL'] {url!r} is not a redis://, rediss://, unix:// or "
+                "redis+cluster:// URL"
             )
+        elif url.startswith(CLUSTER_SCHEMES) and (problem := check_cluster_url(url)):
+            problems.append(f"JOBQ['REDIS_URL'] {url!r}: {problem}")
     try:
         validate_options(conf["JOB_DEFAULTS"], "JOBQ['JOB_DEFAULTS']")
         for name in conf["QUEUES"]:
             validate_queue_name(name)
             queue_defaults(name)
             configured_limits(name)
+            configured_retention(name)
+            configured_shards(name)
     except JobQError as exc:
         problems.append(str(exc))
     if conf["SERDE"] not in ("json", "msgpack"):
@@ -282,6 +318,7 @@ def check_settings() -> list[str]:
     if mirror_alias not in settings.DATABASES:
         problems.append(f"JOBQ['MIRROR']['DATABASE_ALIAS'] {mirror_alias!r} is not in DATABASES")
     problems += _check_celery(conf["CELERY"])
+    problems += _check_routes(conf["ROUTES"])
     problems += _check_api(conf["API"])
     problems += _check_journal(conf)
     size = conf["MAX_PAYLOAD_BYTES"]
@@ -341,6 +378,18 @@ def _check_api(api: dict[str, Any]) -> list[str]:
         problems.append(
             f"JOBQ['API']['TRACEBACKS'] must be True or False, got {api['TRACEBACKS']!r}"
         )
+    return problems
+
+
+def _check_routes(routes: object) -> list[str]:
+    if not isinstance(routes, dict):
+        return ["JOBQ['ROUTES'] must be a dict of task name -> queue"]
+    problems = []
+    for name, queue in routes.items():
+        try:
+            validate_queue_name(queue)
+        except JobQError as exc:
+            problems.append(f"JOBQ['ROUTES'][{name!r}]: {exc}")
     return problems
 
 

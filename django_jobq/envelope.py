@@ -41,3 +41,19 @@ def unwrap(content_type: str, value: Any) -> tuple[Any, dict[str, Any]]:
     if isinstance(value, dict) and isinstance(value.get(META), dict):
         return value.get(PAYLOAD), value[META]
     return value, {}
+
+
+def task_name(content_type: str, payload: bytes | None) -> str | None:
+    """The task a stored job calls (``meta["task"]``, set by ``tasks/core.py``), or None for a
+    plain job. Only an enveloped job pays for a decode; bytes that no longer decode are None
+    (the job stays visible by its queue's handler)."""
+    if not content_type.endswith(SUFFIX) or not payload:
+        return None
+    from .queue import serde_for
+
+    try:
+        value = serde_for(content_type).loads(payload)
+    except Exception:  # noqa: BLE001 - a display helper: never raises over bad bytes
+        return None
+    name = unwrap(content_type, value)[1].get("task")
+    return name if isinstance(name, str) else None

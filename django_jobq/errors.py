@@ -115,6 +115,20 @@ class Retry(Exception):
         self.retry_at = retry_at
 
 
+class RetryDecision(Exception):  # noqa: N818 - a verdict, not an error of its own
+    """A task's retry policy ruling on the exception it carries (``tasks/policy.py``): fail for
+    good (``permanent``) or retry after ``retry_in`` seconds. The worker records the carried
+    exception, not this wrapper, so a dead letter shows the task's own error type."""
+
+    def __init__(
+        self, error: BaseException, *, permanent: bool = False, retry_in: float | None = None
+    ) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.permanent = permanent
+        self.retry_in = retry_in
+
+
 class HardTimeout(Exception):  # noqa: N818 - names what happened to the attempt
     """An attempt ran past its handler's ``hard_timeout`` and was stopped by the worker (the
     process pool kills its child; the async pool cancels the task). The job retries as any

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from functools import partial
 
 from .errors import InvalidOption
 from .job import Event
@@ -22,6 +23,7 @@ from .storage.base import Storage
 # What the ``kind`` of an event can be: the state a job entered, or a report of it.
 KINDS = frozenset({state.value for state in JobState}) | frozenset({
     "retried", "released", "postponed", "stalled", "progress", "log",
+    "removed",  # the queue's retention deleted the finished record (Redis and memory)
 })  # fmt: skip
 _EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
@@ -51,9 +53,34 @@ def iterate(
 ) -> Iterator[Event]:  # fmt: skip
     """Events of ``queue`` after ``since``, pages of ``batch``; with ``follow`` it blocks up
     to ``wait`` seconds at a time for more and never ends by itself (break out of the loop)."""
+    return iterate_pages(partial(storage.read_events, queue), since, kinds,
+                         follow=follow, wait=wait, batch=batch)  # fmt: skip
+
+
+def aiterate(
+    storage: Storage, queue: str, since: str, kinds: frozenset[str] | None, *,
+    follow: bool, wait: float, batch: int,
+) -> AsyncIterator[Event]:  # fmt: skip
+    """``iterate`` for asyncio: each page is read in a thread, so the loop never blocks."""
+    return aiterate_pages(partial(storage.read_events, queue), since, kinds,
+                          follow=follow, wait=wait, batch=batch)  # fmt: skip
+
+
+# read(after, count, block) -> the page of events after ``after`` (a queue's feed, or the
+# merged feed of a sharded queue: sharded_events.MergedEvents.read).
+PageReader = Callable[[str, int, float | None], list[Event]]
+
+
+def iterate_pages(
+    read: PageReader, since: str, kinds: frozenset[str] | None, *,
+    follow: bool, wait: float, batch: int,
+) -> Iterator[Event]:  # fmt: skip
+    """The paging loop of every event feed: pages of ``batch`` after ``since``, filtered by
+    ``kinds``; with ``follow`` each read blocks up to ``wait`` seconds and the loop never ends
+    by itself."""
     after = since
     while True:
-        page = storage.read_events(queue, after=after, count=batch, block=wait if follow else None)
+        page = read(after, batch, wait if follow else None)
         for event in page:
             after = event.id
             if kinds is None or event.kind in kinds:
@@ -62,16 +89,14 @@ def iterate(
             return
 
 
-async def aiterate(
-    storage: Storage, queue: str, since: str, kinds: frozenset[str] | None, *,
+async def aiterate_pages(
+    read: PageReader, since: str, kinds: frozenset[str] | None, *,
     follow: bool, wait: float, batch: int,
 ) -> AsyncIterator[Event]:  # fmt: skip
-    """``iterate`` for asyncio: each page is read in a thread, so the loop never blocks."""
+    """``iterate_pages`` for asyncio: each page is read in a thread, so the loop never blocks."""
     after = since
     while True:
-        page = await asyncio.to_thread(
-            storage.read_events, queue, after, batch, wait if follow else None
-        )
+        page = await asyncio.to_thread(read, after, batch, wait if follow else None)
         for event in page:
             after = event.id
             if kinds is None or event.kind in kinds:

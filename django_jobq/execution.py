@@ -19,13 +19,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import envelope
-from .errors import ChildFailed, HardTimeout, PermanentError, RateLimited, SerializationError
+from .errors import (
+    ChildFailed,
+    HardTimeout,
+    PermanentError,
+    RateLimited,
+    RetryDecision,
+    SerializationError,
+)
 from .job import PARKED_MS, ChildOutcome, ClaimedJob, Job
 from .queue import serde_for
 from .registry import HandlerRegistry
 from .serde import storable_text
+from .sharding import logical_name
 from .states import JobState
 from .storage.base import Ack
+from .tasks.core import TASK_META
 from .validation import MAX_DURATION_MS, is_seconds
 
 logger = logging.getLogger("django_jobq.worker")
@@ -79,7 +88,7 @@ _JITTER = random.Random()  # noqa: S311 - jitter, not security
 def make_job(claimed: ClaimedJob, payload: Any) -> Job:
     return Job(
         id=claimed.job_id,
-        queue=claimed.queue,
+        queue=logical_name(claimed.queue),  # handlers see the queue users named
         payload=payload,
         attempt=claimed.attempt,
         max_attempts=claimed.max_attempts,
@@ -113,7 +122,16 @@ def prepare(
         logger.error("%s malformed payload, failing it: %s", label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "MalformedPayload"),
                    permanent=True)  # fmt: skip
-    func = registry.get(claimed.queue)
+    task_name = meta.get(TASK_META) if meta else None
+    if task_name is not None:  # a task function's job: run by its name, not by its queue
+        func = registry.task_runner(task_name)
+        if func is None:
+            unknown = LookupError(f"no task named {task_name!r} is registered in this worker")
+            logger.error("%s %s", label, unknown)
+            return Ack("fail", claimed.job_id, claimed.token, error_body(unknown, "UnknownTask"),
+                       permanent=True)  # fmt: skip
+    else:
+        func = registry.get(claimed.queue)
     if func is None:
         missing = LookupError(f"no handler registered for queue {claimed.queue!r}")
         logger.error("%s %s", label, missing)
@@ -143,7 +161,8 @@ def _flow_parent(claimed: ClaimedJob, flow: dict[str, Any], job: Job, label: str
         wait = max(0, PARKED_MS - int(time.time() * 1000))
         return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait)
     job.children = tuple(
-        ChildOutcome(str(r[0]), str(r[1]), JobState(r[2]), r[3], r[4]) for r in results
+        ChildOutcome(logical_name(str(r[0])), str(r[1]), JobState(r[2]), r[3], r[4])
+        for r in results
     )
     bad = [c for c in job.children if not c.ok]
     if bad and flow.get("on_child_failure", "fail") == "fail":
@@ -192,6 +211,12 @@ def error_verdict(
     claimed: ClaimedJob, exc: BaseException, label: str, rng: random.Random | None = None
 ) -> Ack:
     """The verdict for a handler that raised: permanent, postponed, or a retry with backoff."""
+    if isinstance(exc, RetryDecision):  # a task's retry policy ruled (tasks/policy.py)
+        if exc.permanent:
+            logger.warning("%s failed permanently (retry policy): %s", label, exc.error)
+            return Ack("fail", claimed.job_id, claimed.token, error_body(exc.error),
+                       permanent=True)  # fmt: skip
+        exc = exc.error if exc.retry_in is None else _Delayed(exc.error, exc.retry_in)
     if isinstance(exc, PermanentError):
         logger.warning("%s failed permanently: %s", label, exc)
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc), permanent=True)
@@ -202,6 +227,8 @@ def error_verdict(
         return Ack("postpone", claimed.job_id, claimed.token, retry_in=wait_ms,
                    queue_wide=exc.queue_wide)  # fmt: skip
     delay = requested_retry_ms(exc)
+    if isinstance(exc, _Delayed):
+        exc = exc.error
     if delay is None:
         delay = backoff_ms(
             claimed.attempt, claimed.min_backoff, claimed.max_backoff, rng or _JITTER
@@ -211,6 +238,15 @@ def error_verdict(
         type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
     )  # fmt: skip
     return Ack("fail", claimed.job_id, claimed.token, error_body(exc), retry_in=delay)
+
+
+class _Delayed(Exception):  # noqa: N818 - internal carrier, never recorded
+    """A retried failure whose wait the task's backoff chose (``retry_in``, seconds)."""
+
+    def __init__(self, error: BaseException, retry_in: float) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_in = retry_in
 
 
 def result_verdict(claimed: ClaimedJob, prepared: Prepared, result: Any) -> Ack:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import envelope
+from . import envelope, tracing
 from .errors import FlowError, InvalidOption
 from .job import (
     PARKED_FLOOR,
@@ -157,42 +157,83 @@ def enqueue_flow(
 ) -> dict[Key, EnqueueResult]:
     """Store a flow: every job, children first. Returns each job's enqueue outcome by
     (queue, id). A job whose id already exists is not stored again (the usual deduplication):
-    a parent then waits for the existing child's outcome."""
-    from .queue import Queue, get_queue
+    a parent then waits for the existing child's outcome.
 
+    Traced (docs/observability.md): one ``send flow`` span for the call, a ``send`` span per
+    job under it, and each parent's attempt linked to its children's ``send`` spans."""
     root_list = [roots] if isinstance(roots, FlowNode) else list(roots)
     order = plan(root_list)
+    if tracing.active():
+        with tracing.flow_span(order[-1].queue, len(order)):
+            return _enqueue_flow(order, storage, traced=True)
+    return _enqueue_flow(order, storage, traced=False)
+
+
+def _enqueue_flow(
+    order: list[FlowNode], storage: Storage | None, *, traced: bool
+) -> dict[Key, EnqueueResult]:
+    from .queue import Queue, get_queue
+
+    queues = {q: (Queue(q, storage=storage) if storage is not None else get_queue(q))
+              for q in {n.queue for n in order}}  # fmt: skip
+
+    def where(n: FlowNode) -> str:
+        """The physical queue that will hold ``n`` (a sharded queue's partition): parents
+        and children are found and released by storage steps on that name."""
+        return queues[n.queue].partition_for(_routing_key(n))
+
     parents: dict[Key, list[list[str]]] = {}
     for n in order:
         for kid in n.children:
-            parents.setdefault(kid.key, []).append([n.queue, n.job_id])
-    queues = {q: (Queue(q, storage=storage) if storage is not None else get_queue(q))
-              for q in {n.queue for n in order}}  # fmt: skip
+            parents.setdefault(kid.key, []).append([where(n), n.job_id])
     built = []
+    spans: dict[Key, Any] = {}
+    carriers: dict[Key, dict[str, str]] = {}
     for n in order:  # every job is validated before the first is stored
-        meta: dict[str, Any] = {}
         options = dict(n.options)
+        meta: dict[str, Any] = dict(options.pop("meta", None) or {})  # task functions' name
         if n.key in parents:
             meta["parents"] = parents[n.key]
+        if traced and n.key not in spans:
+            spans[n.key], carriers[n.key] = tracing.start_producer(n.queue, n.job_id)
+            if carriers[n.key]:
+                meta[tracing.TRACE_META] = carriers[n.key]
+            links = [carriers[k.key] for k in _unique(n.children) if carriers.get(k.key)]
+            if links:
+                meta[tracing.LINKS_META] = links
         if n.children:
             meta["flow"] = {
-                "children": [[k.queue, k.job_id] for k in _unique(n.children)],
+                "children": [[where(k), k.job_id] for k in _unique(n.children)],
                 "on_child_failure": n.on_child_failure,
                 "due": _own_due(options),
             }
             options["run_at"] = dt.datetime.fromtimestamp(PARKED_MS / 1000, tz=dt.UTC)
         built.append((n, queues[n.queue].build(n.job_id, n.payload, meta=meta, **options)))
     results: dict[Key, EnqueueResult] = {}
-    for n, job in built:
-        results[n.key] = queues[n.queue].submit(job)
+    try:
+        for n, job in built:
+            results[n.key] = queues[n.queue].submit(job)
+            if n.key in spans:
+                spans.pop(n.key).end()
+    finally:
+        for span in spans.values():
+            span.end()  # the jobs not reached: an error midway
     # Children that had finished before their parent was stored (duplicates of old jobs, or
     # quick ones) have no one left to trigger the parent: look now. Not when jobs are still
     # pending in a journal (sent when the transaction commits): then there is nothing to see.
     if all(r.outcome is not EnqueueOutcome.PENDING for r in results.values()):
         for n in order:
             if n.children:
-                resolve(queues[n.queue].storage, n.queue, n.job_id)
+                resolve(queues[n.queue].storage, where(n), n.job_id)
     return results
+
+
+def _routing_key(n: FlowNode) -> str:
+    """``sharding.routing_key`` of the job ``n`` will be (dedup key, else group, else id)."""
+    for name in ("dedup_key", "group"):
+        if n.options.get(name) is not None:
+            return str(n.options[name])
+    return n.job_id
 
 
 def _unique(children: Sequence[FlowNode]) -> list[FlowNode]:

@@ -186,6 +186,10 @@ class ClaimedJob:
     min_backoff: int
     max_backoff: int
     content_type: str = "json"
+    # Milliseconds from the job's enqueue (or its due time, when later: a delay, a retry's
+    # backoff) to this claim, by the storage's clock; None when the backend does not say.
+    # Feeds the wait-time histogram (metrics/tally.py).
+    waited_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +239,37 @@ class QueueLimits:
     group_rate_max: int | None = None
     group_rate_window: int | None = None
     concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """How many finished records of one final state a queue keeps: the newest ``count``
+    and/or none finished more than ``age`` ms ago (None: no bound of that kind). Whichever
+    bound a record passes first removes it, and so does its own ``result_ttl``."""
+
+    count: int | None = None
+    age: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Per-queue retention of finished jobs (BullMQ's ``removeOnComplete`` /
+    ``removeOnFail``), stored in the backend like ``QueueLimits``. A state left None keeps
+    its records until their ``result_ttl``. A record removed by retention is gone as if it had
+    expired: its result with it, and its id free for a new job (docs/settings.md)."""
+
+    completed: Keep | None = None
+    failed: Keep | None = None
+    cancelled: Keep | None = None
+
+    def items(self) -> list[tuple[str, Keep | None]]:
+        """(state name, policy) for the three final states, in a fixed order."""
+        return [("completed", self.completed), ("failed", self.failed),
+                ("cancelled", self.cancelled)]  # fmt: skip
+
+    @property
+    def empty(self) -> bool:
+        return all(keep is None for _, keep in self.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +371,7 @@ class JobStatus:
     has_successor: bool = False  # a blocked singleton run waits for this one
     progress: Any = None  # the handler's last job.set_progress value
     logs: tuple[tuple[dt.datetime, str], ...] = ()  # the last LOG_LINES job.log lines
+    task: str | None = None  # the task function it calls (@task), None for a plain job
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +403,7 @@ class FailedJob:
     content_type: str
     raw_payload: bytes  # the payload as enqueued, whether or not it decodes
     tries: int  # this call of the failure handler: 1 the first time, 2 after one failed, ...
+    task: str | None = None  # the task function's name (tasks/core.py); None for a plain job
 
 
 @dataclass(frozen=True, slots=True)

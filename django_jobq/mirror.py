@@ -40,15 +40,29 @@ from typing import Any
 
 from django.db import DataError, IntegrityError, connections, transaction
 
-from .conf import get_storage, jobq_settings
+from . import mirror_sample
+from .conf import get_storage, jobq_settings, queue_durability
+from .envelope import is_enveloped
 from .job import Event, JobRecord
-from .mirror_sql import EVENT_COLUMNS, execute_many, job_row, ms_dt, take_write_lock, upsert_jobs
-from .registry import handler_name, registry
+from .mirror_sql import (
+    insert_events,
+    job_row,
+    make_durable,
+    ms_dt,
+    take_write_lock,
+    upsert_jobs,
+    write_transaction,
+)
+from .registry import handler_name, job_handler_name, registry
+from .rollup import reopen as reopen_rollup
+from .sharding import served_queues
 from .states import TERMINAL_STATES, JobState
 
 logger = logging.getLogger("django_jobq.mirror")
 
 GROUP = "jobq-mirror"
+#: The event of a finished record that the queue's retention deleted (includes/retain.lua).
+REMOVED = "removed"
 KIND_STATE = {
     "queued": JobState.QUEUED,
     "retried": JobState.QUEUED,
@@ -68,6 +82,13 @@ KIND_STATE = {
 RECORD_ERRORS = (DataError, IntegrityError, ValueError, TypeError, OverflowError, KeyError)
 REJECT_ERROR_CHARS = 2000
 READ_AHEAD = 8  # a mirror that is behind reads up to this many batches at once
+CLAIM_COUNT = 1000  # entries claimed from a dead consumer per XAUTOCLAIM (its default count)
+TRIM_INTERVAL = 1.0  # seconds between trims of one queue's stream to what was acknowledged
+FINAL_ROWS_KEPT = 200_000  # jobs remembered as written final (FinalRows: ~25 MB at most, measured)
+#: Kinds an event at the very millisecond a job finished may have and still be covered by its
+#: final row (the claim and the finish of a fast job can share a millisecond; an enqueue or a
+#: retry at that time starts a new life and is read).
+FINISHING_KINDS = frozenset({"active", "completed", "failed", "cancelled"})
 
 
 class LagStats:
@@ -102,6 +123,47 @@ class LagStats:
             self.written = 0
 
 
+class FinalRows:
+    """Jobs whose rows this mirror wrote in a final state, with the time they finished.
+
+    A mirror that is behind reads a job's ``queued`` event long after the job finished: the
+    record it reads then is final, and the row it writes already says everything the job's
+    later ``active`` and ``completed`` events could. Those events then need only their own
+    rows, not another record read and row upsert (which were half the work of a drain). An
+    event is covered when it happened before the job finished (same Redis clock: the script
+    that finishes a job stamps both); an event at or after that time (a retry of a failed
+    job, an id enqueued again after its record went) is read and written as always.
+    Bounded (oldest entries dropped first), per process, and forgotten for a queue that is
+    resynced: a miss only costs the read it would have cost anyway.
+    """
+
+    def __init__(self, keep: int = FINAL_ROWS_KEPT) -> None:
+        self.keep = keep
+        self._rows: dict[str, dict[str, int]] = defaultdict(dict)
+        self._size = 0
+
+    def covers(self, queue: str, event: Event) -> bool:
+        finished = self._rows[queue].get(event.job_id) if queue in self._rows else None
+        if finished is None:
+            return False
+        return event.at < finished or (event.at == finished and event.kind in FINISHING_KINDS)
+
+    def remember(self, queue: str, records: Sequence[JobRecord]) -> None:
+        rows = self._rows[queue]
+        for r in records:
+            if r.state in TERMINAL_STATES and r.finished_at is not None:
+                if r.job_id not in rows:
+                    self._size += 1
+                rows[r.job_id] = r.finished_at
+        while self._size > self.keep:  # oldest first: dicts keep insertion order
+            fullest = max(self._rows.values(), key=len)
+            del fullest[next(iter(fullest))]
+            self._size -= 1
+
+    def forget(self, queue: str) -> None:
+        self._size -= len(self._rows.pop(queue, {}))
+
+
 class Mirror:
     """Copies job state from a ``RedisStorage`` into the models, batch by batch.
 
@@ -111,7 +173,13 @@ class Mirror:
         batch: events per read; each batch is one transaction.
         block: seconds a read waits for new events.
         gap_check_interval: seconds between checks for gaps (trimmed entries, a lost group,
-            a restarted Redis) while running.
+            a restarted Redis) while running, and for events a dead consumer left unacked.
+        stale_ms: how long such events must have been left before they are taken over
+            (default ``MIRROR["CLAIM_IDLE"]``).
+        sample_above: a gap on a queue with more waiting and running jobs than this is
+            healed with counts and a sample (``mirror_sample``; default
+            ``MIRROR["SAMPLE_ABOVE"]``); ``sample_size`` records per state (``SAMPLE``).
+        clock: monotonic seconds, for the streams' event rates (tests inject one).
     """
 
     def __init__(
@@ -124,9 +192,12 @@ class Mirror:
         consumer: str | None = None,
         batch: int | None = None,
         block: float = 1.0,
-        stale_ms: int = 60_000,
+        stale_ms: int | None = None,
         worker_sync_interval: float = 2.0,
         gap_check_interval: float = 5.0,
+        sample_above: int | None = None,
+        sample_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         conf = jobq_settings()["MIRROR"]
         self.storage = storage if storage is not None else get_storage()
@@ -142,10 +213,16 @@ class Mirror:
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self.batch = batch or conf["BATCH"]
         self.block = block
-        self.stale_ms = stale_ms
+        self.stale_ms = stale_ms if stale_ms is not None else int(conf["CLAIM_IDLE"] * 1000)
         self.worker_sync_interval = worker_sync_interval
         self.gap_check_interval = gap_check_interval
         self.lag = LagStats()
+        self.final = FinalRows()
+        self.sample_above = conf["SAMPLE_ABOVE"] if sample_above is None else sample_above
+        self.sample_size = sample_size or conf["SAMPLE"]
+        self.rates = mirror_sample.StreamRates(clock)
+        self.seconds_per_record = mirror_sample.SECONDS_PER_RECORD  # measured by each resync
+        self.sampled: dict[str, dict[str, Any]] = {}  # queue -> mode (counts and a sample)
         self.rejected = 0  # jobs set aside since start (MirrorReject rows hold the detail)
         self.resyncs = 0  # queues re-read from their records since start
         self._queues: list[str] = []
@@ -154,6 +231,9 @@ class Mirror:
         self._workers_synced = 0.0
         self._server_id: str | None = None
         self._read_count = self.batch
+        self._trimmed: dict[str, float] = {}
+        self._unsynced = False  # a lazy commit since the last durable one (_apply)
+        self._durable = True  # whether the write being made is a read's last (_apply)
         self._stop = threading.Event()
 
     # -- discovery and gaps -----------------------------------------------------------------
@@ -162,12 +242,16 @@ class Mirror:
         if time.monotonic() - self._queues_checked < 5 and self._queues:
             return self._queues
         if self.fixed_queues:
-            wanted = self.fixed_queues
+            # A sharded queue named here is mirrored as its partitions (old ones included).
+            wanted = served_queues(self.fixed_queues, self.storage.list_queues())
         else:
             known = set(self.storage.list_queues()) | set(registry.queues())
             wanted = sorted(known | set(jobq_settings()["QUEUES"]))
         if self._server_id is None:
             self._server_id = self.storage.server_id()
+            # Another mirror (or this one before a restart) may have put a queue in the
+            # counts-and-sample mode: it stays there until a full re-read fits.
+            self.sampled = self.storage.mirror_sampled()
         for name in set(wanted) - set(self._queues):
             self._join(name)
         self._queues = sorted(wanted)
@@ -206,17 +290,50 @@ class Mirror:
             if why:
                 self.heal(name, why)
                 healed.append(name)
+            self._take_over(name)
+            self.rates.observe(name, self.storage.stream_position(name)[1])
+            if name in self.sampled and name not in healed:
+                mirror_sample.back_to_exact(self, name)
         return healed
 
+    def _take_over(self, queue: str) -> None:
+        """Write the events another consumer read and left unacknowledged for ``stale_ms``:
+        it died mid-batch (a killed process), and a mirror restarted under another name (a
+        new pid) would otherwise never see them, leaving the lag up for good."""
+        while events := self.storage.claim_stale_events(
+            queue, self.group, self.consumer, self.stale_ms
+        ):
+            self._apply(events)
+            if len(events) < CLAIM_COUNT:
+                return
+
     def heal(self, queue: str, why: str) -> int:
+        """Bring ``queue``'s rows back after a gap: every live record re-read
+        (``heal_exact``), or on a big queue counts and a sample (``mirror_sample``).
+        Returns the rows written."""
+        if mirror_sample.wants_sample(self, queue):
+            return mirror_sample.heal_sampled(self, queue, why)
+        return self.heal_exact(queue, why)
+
+    def heal_exact(self, queue: str, why: str) -> int:
         """Re-read every live record of ``queue``, then move the group past what the re-read
         covered (the stream position is taken first, so no later event is skipped)."""
         logger.warning("%s: %s; resyncing from the job records", queue, why)
+        started = time.time()
         position = self.storage.stream_position(queue)
-        n = self.resync(queue)
+        self.final.forget(queue)  # after a restart an id may start a new life at any time
+        n, scanned = self.resync(queue)
         self.storage.set_group_position(queue, self.group, position)
         self.resyncs += 1
-        logger.warning("%s: resynced %d jobs", queue, n)
+        seconds = time.time() - started
+        if scanned >= 1000:  # enough to measure what a full re-read costs per record
+            self.seconds_per_record = seconds / scanned
+        logger.warning("%s: resynced %d of %d jobs in %.1f s", queue, n, scanned, seconds)
+        # Said where health and the admin look, whichever process this mirror runs in.
+        self.storage.record_mirror_gap(queue, {
+            "at": round(started, 3), "why": why, "rows": n,
+            "seconds": round(seconds, 3), "consumer": self.consumer,
+        })  # fmt: skip
         return n
 
     # -- the loop ---------------------------------------------------------------------------
@@ -249,6 +366,7 @@ class Mirror:
         total = 0
         while n := self.run_once(block=None):
             total += n
+        self._trim(self._queues, force=True)  # the last batches came within the interval
         return total
 
     def run(self) -> None:
@@ -291,8 +409,15 @@ class Mirror:
             else:
                 self._reject(event.queue, "", [event], "the stream entry names no job")
         jobs = list(by_job.items())
-        for start in range(0, len(jobs), self.batch):  # short transactions (SQLite's lock)
-            self._bisect(jobs[start : start + self.batch], self._write_jobs)
+        size = self._jobs_per_transaction()
+        for start in range(0, len(jobs), size):
+            # One wait for the disk per read: the last transaction's commit (the logs are
+            # appended in order, so it makes the earlier ones durable too).
+            self._durable = start + size >= len(jobs)
+            self._bisect(jobs[start : start + size], self._write_jobs)
+        if self._unsynced:  # the last write failed after a lazy one: flush before the acks
+            make_durable(self.using)
+            self._unsynced = False
         now = int(time.time() * 1000)
         self.lag.add([now - e.at for e in events])
         # Acknowledge only after the commit: a crash in between re-delivers, never loses.
@@ -301,6 +426,27 @@ class Mirror:
             by_queue[event.queue].append(event.id)
         for queue, ids in by_queue.items():
             self.storage.ack_events(queue, self.group, ids)
+        self._trim(list(by_queue))
+
+    def _jobs_per_transaction(self) -> int:
+        """SQLite: ``batch`` jobs, short transactions: its one write lock makes the project's
+        own writes wait (busy timeout) while the mirror holds it. PostgreSQL locks rows, and
+        only the mirror writes these: a read's jobs (up to ``READ_AHEAD`` batches) in one
+        transaction, so its temporary tables, upserts and commit are paid once per read
+        instead of once per batch (the per-transaction share of a PostgreSQL write)."""
+        if connections[self.using].vendor == "postgresql":
+            return READ_AHEAD * self.batch
+        return self.batch
+
+    def _trim(self, queues: Sequence[str], force: bool = False) -> None:
+        """Drop what every group has acknowledged from the streams (at most once a second per
+        queue): while the mirror keeps up, a stream holds about its backlog, and the
+        ``EVENTS_MAXLEN`` cap is reached only by a mirror that is down or far behind."""
+        now = time.monotonic()
+        for queue in queues:
+            if force or now - self._trimmed.get(queue, 0.0) >= TRIM_INTERVAL:
+                self._trimmed[queue] = now
+                self.storage.trim_read_events(queue)
 
     def _bisect(
         self, jobs: list[tuple[tuple[str, str], Any]], write: Callable[[list], None]
@@ -326,15 +472,26 @@ class Mirror:
         for (queue, _), job_events in jobs:
             by_queue[queue].extend(job_events)
         reads = {q: self._read_records(q, evs) for q, evs in by_queue.items()}
-        with transaction.atomic(using=self.using):
-            take_write_lock(self.Job, self.using)
+        # All but a read's last transaction commit without waiting for the disk; _apply
+        # acknowledges only after a durable commit (or make_durable) followed them.
+        durable = self._durable
+        self._unsynced = self._unsynced or not durable
+        with write_transaction(self.Job, self.using, durable=durable):
             for queue, (live, gone) in reads.items():
                 self._store(queue, live, gone, by_queue[queue])
+        if durable:
+            self._unsynced = False
+        for queue, (live, _) in reads.items():  # committed: these rows are final now
+            self.final.remember(queue, live)
 
     def _read_records(
         self, queue: str, events: Sequence[Event]
     ) -> tuple[list[JobRecord], list[Event]]:
-        last = {event.job_id: event for event in events}
+        """The records of the jobs whose rows these events may change: a job whose row was
+        already written in its final state, by a record read after all of these events
+        happened, needs only its event rows (``FinalRows``)."""
+        covered = self.final.covers
+        last = {event.job_id: event for event in events if not covered(queue, event)}
         records = self.storage.get_records(queue, list(last))
         live = [r for r in records.values() if r is not None]
         return live, [last[job_id] for job_id, r in records.items() if r is None]
@@ -343,6 +500,13 @@ class Mirror:
         self, queue: str, live: list[JobRecord], gone: list[Event], events: Sequence[Event]
     ) -> None:
         self.upsert(queue, live)
+        # Removed by the queue's retention (its last word): the row goes too, with its events
+        # (cascade), so the admin never lists a job Redis no longer has.
+        removed = [e for e in gone if e.kind == REMOVED]
+        if removed:
+            forget_removed(queue, removed)
+            ids = [e.job_id for e in removed]
+            self.Job.objects.using(self.using).filter(queue=queue, job_id__in=ids).delete()
         for event in gone:  # expired already: the event is all that is left to go by
             state = KIND_STATE.get(event.kind)
             if state is not None:
@@ -352,24 +516,22 @@ class Mirror:
                 self.Job.objects.using(self.using).filter(queue=queue, job_id=event.job_id).update(
                     **fields
                 )
-        pks = dict(
-            self.Job.objects.using(self.using)
-            .filter(queue=queue, job_id__in=list({e.job_id for e in events}))
-            .values_list("job_id", "id")
-        )
-        rows = [
-            (pks[e.job_id], queue, e.kind, ms_dt(e.at), e.worker or "", None, e.id)
-            for e in events
-            if e.job_id in pks
-        ]
+        rows = [(e.job_id, queue, e.kind, e.at, e.worker or "", None, e.id) for e in events]
         # A redelivered event hits the (queue, stream_id) unique index and is skipped.
-        execute_many(self.JobEvent, self.using, EVENT_COLUMNS, rows, "ON CONFLICT DO NOTHING")
+        insert_events(self.JobEvent, self.Job, self.using, rows)
 
     def upsert(self, queue: str, records: Sequence[JobRecord]) -> None:
         """Insert or update one row per record, in one multi-row statement."""
         if records:
             name = handler_name(queue)
-            upsert_jobs(self.Job, self.using, [job_row(queue, name, r) for r in records])
+            # A task function's job shows its task's name (envelope.py: only enveloped jobs
+            # pay for the decode).
+            upsert_jobs(self.Job, self.using, [
+                job_row(queue, (is_enveloped(r.content_type)
+                                and job_handler_name(queue, r.content_type, r.payload)) or name, r)
+                for r in records
+            ])  # fmt: skip
+            reopen_rollup(self.using, [r.finished_at for r in records])  # charts: refold late rows
 
     def _reject(
         self, queue: str, job_id: str, events: Sequence[Event], error: Exception | str
@@ -403,22 +565,43 @@ class Mirror:
 
     # -- resync -----------------------------------------------------------------------------
 
-    def resync(self, queue: str, chunk: int = 500) -> int:
-        """Rewrite every live record of ``queue`` (after a gap in the stream), oldest first.
+    def resync(self, queue: str, chunk: int = 2000) -> tuple[int, int]:
+        """Rewrite the rows of ``queue`` that differ from its live records (after a gap in
+        the stream), oldest first; returns (rows rewritten, live records).
 
-        SCAN returns ids in hash order; rows it creates are written in creation order instead,
-        so that their primary keys (the admin's default order, and the tie-break of the lists'
-        keyset pages) keep the order the jobs were created in."""
+        Every live record is compared by its (state, attempts, finish time), a few bytes
+        each: the row of an unfinished job, a missing row, or a finished job's row from
+        another run is rewritten from the full record; the row of a run that ended the same
+        way is right already (a finished run changes no more), which is most of a big
+        drained queue. SCAN returns ids in hash order; rows it creates are written in
+        creation order instead, so that their primary keys (the admin's default order, and
+        the tie-break of the lists' keyset pages) keep the order the jobs were created in.
+        ``chunk`` rows per transaction: a re-read of a quarter of a million rows spent a
+        third of its time committing 500-row transactions (SQLite's sync per commit); 2,000
+        rows still hold SQLite's write lock for a fraction of its busy timeout."""
         ids = list(self.storage.scan_job_ids(queue))
-        created = self.storage.created_times(queue, ids)
-        ordered = [job_id for _, job_id in sorted(zip(created, ids, strict=True))]
+        states = self.storage.record_states(queue, ids)
+        stale: list[tuple[int, str]] = []
+        rows = self.Job.objects.using(self.using).filter(queue=queue)
+        for start in range(0, len(ids), 5000):
+            part = ids[start : start + 5000]
+            have = {
+                job_id: (state, attempts, finished and round(finished.timestamp() * 1000))
+                for job_id, state, attempts, finished in rows.filter(job_id__in=part)
+                .values_list("job_id", "state", "attempts", "finished_at")
+                .iterator()
+            }  # fmt: skip
+            for job_id, now in zip(part, states[start : start + 5000], strict=True):
+                if now is not None and mirror_sample.differs(have.get(job_id), now[:3]):
+                    stale.append((now[3], job_id))
+        ordered = [job_id for _, job_id in sorted(stale)]
         total = 0
         for start in range(0, len(ordered), chunk):
             part = ordered[start : start + chunk]
             live = [r for r in self.storage.get_records(queue, part).values() if r is not None]
             total += len(live)
             self._bisect([((queue, r.job_id), r) for r in live], self._write_records)
-        return total
+        return total, len(ids)
 
     def _write_records(self, items: list[tuple[tuple[str, str], JobRecord]]) -> None:
         with transaction.atomic(using=self.using):
@@ -447,6 +630,17 @@ class Mirror:
                     create_defaults={**fields, "started_at": ms_dt(info.get("started"))},
                 )
             model.exclude(worker_id__in=[r.worker_id for r in records]).delete()
+
+
+def forget_removed(queue: str, removed: Sequence[Event]) -> None:
+    """A journal-mode queue: drop the journal entries of jobs retention removed, or the
+    reconcile, finding neither the record in Redis nor a finished row (deleted here), would
+    send them again. Only entries accepted before the removal go (``journal.forget``)."""
+    if queue_durability(queue) != "journal":
+        return
+    from .journal import forget
+
+    forget(queue, max(e.at for e in removed), [e.job_id for e in removed])
 
 
 def purge_finished(days: float, *, using: str = "default", batch: int = 1000) -> int:

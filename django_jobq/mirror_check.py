@@ -10,6 +10,11 @@ The check compares what the rows say with what Redis says, per queue: the counts
 waiting and running states (Redis keeps them in sets, the rows in an index), and a sample
 of records (the head of each live set and of the newest rows). A difference is repaired the
 way a gap is: the queue is re-read from its records.
+
+A queue the mirror shows as counts and a sample (``mirror_sample``: it fell behind on a big
+queue) is checked as such: its rows are not expected to add up to Redis's counts, so only the
+sample is compared (the same newest-per-state records the mode writes), and a difference
+there is repaired with a new sample.
 """
 
 from __future__ import annotations
@@ -51,6 +56,37 @@ def lag(storage: Any, queues: Sequence[str]) -> tuple[float | None, int | None]:
     return round(age, 3), backlog
 
 
+#: How long health and the admin keep reporting a gap the mirror resynced.
+GAP_REPORT_SECONDS = 3600.0
+
+
+def recent_gaps(
+    storage: Any, queues: Sequence[str] | None = None, within: float = GAP_REPORT_SECONDS
+) -> list[dict[str, Any]]:
+    """The gaps the mirror resynced in the last ``within`` seconds, newest first: one per
+    queue (its latest), each ``{"queue", "at", "why", "rows", "seconds", "consumer"}``.
+
+    A gap means the stream lost events before the mirror wrote them (the ``EVENTS_MAXLEN``
+    safety cap, a flush, a Redis restart): the queue was re-read from its records, so its
+    rows are current again, but a job that finished *and* expired inside the gap keeps its
+    last mirrored state. That is why it is reported rather than only logged."""
+    if not hasattr(storage, "mirror_gaps") or not jobq_settings()["MIRROR"]["ENABLED"]:
+        return []
+    import time
+
+    since = time.time() - within
+    gaps = [
+        {"queue": queue, **gap}
+        for queue, gap in storage.mirror_gaps().items()
+        if (queues is None or queue in queues) and _number(gap.get("at")) >= since
+    ]
+    return sorted(gaps, key=lambda g: -_number(g["at"]))
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 @dataclasses.dataclass
 class QueueCheck:
     """What the check found on one queue."""
@@ -62,12 +98,17 @@ class QueueCheck:
     mismatched: list[str] = dataclasses.field(default_factory=list)  # sampled ids that differ
     repaired: int = 0  # rows rewritten (0 when consistent, or with repair=False)
     behind: int = 0  # events the mirror had not written yet (a difference is then expected)
+    mode: str = "exact"  # "sampled": the rows are counts and a sample (counts not compared)
 
     @property
     def consistent(self) -> bool:
-        return self.redis_counts == self.row_counts and not self.mismatched
+        counts_agree = self.mode == "sampled" or self.redis_counts == self.row_counts
+        return counts_agree and not self.mismatched
 
     def __str__(self) -> str:
+        if self.consistent and self.mode == "sampled":
+            return (f"{self.queue}: shown as counts and a sample; the sample is consistent "
+                    f"({self.sampled} records)")  # fmt: skip
         if self.consistent:
             return f"{self.queue}: consistent ({self.sampled} records sampled)"
         rows = self.row_counts
@@ -92,6 +133,7 @@ def check_queue(mirror: Any, queue: str, *, sample: int = 200, repair: bool = Tr
     report.behind = mirror.storage.group_backlog(queue, GROUP)[0]
     if not report.consistent and not report.behind:
         report = _compare(mirror, queue, sample)
+        report.behind = 0
         if not report.consistent and repair:
             report.repaired = mirror.heal(queue, "the check found rows that differ from Redis")
     return report
@@ -105,7 +147,11 @@ def _compare(mirror: Any, queue: str, sample: int) -> QueueCheck:
     row_counts = {s.value: 0 for s in LIVE_STATES}
     row_counts.update({r["state"]: r["n"] for r in grouped.annotate(n=Count("id")).order_by()})
     report = QueueCheck(queue, redis_counts, row_counts)
-    ids = _sample_ids(storage, rows, queue, sample)
+    if queue in sampled_modes(mirror):
+        report.mode = "sampled"  # what the mode wrote: the newest records of each state
+        ids = storage.sample_ids(queue, mirror.sample_size)
+    else:
+        ids = _sample_ids(storage, rows, queue, sample)
     records = storage.get_records(queue, ids)
     mirrored = dict(rows.filter(job_id__in=ids).values_list("job_id", "state"))
     report.sampled = len(ids)
@@ -113,6 +159,28 @@ def _compare(mirror: Any, queue: str, sample: int) -> QueueCheck:
         if record is not None and mirrored.get(job_id) != record.state.value:
             report.mismatched.append(job_id)
     return report
+
+
+def sampled_modes(mirror: Any) -> dict[str, dict[str, Any]]:
+    """The queues shown as counts and a sample, as Redis says now (another mirror process
+    may have switched one since this mirror last looked)."""
+    mirror.sampled = mirror.storage.mirror_sampled()
+    return mirror.sampled
+
+
+def sampled_queues(storage: Any, queues: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The queues the mirror shows as counts and a sample, oldest switch first: each
+    ``{"queue", "since", "why", "counts"}``, the counts per state read from Redis now (the
+    rows of such a queue hold only a sample, so these are the figures to trust)."""
+    if not hasattr(storage, "mirror_sampled") or not jobq_settings()["MIRROR"]["ENABLED"]:
+        return []
+    out = []
+    for queue, mode in storage.mirror_sampled().items():
+        if queues is None or queue in queues:
+            counts = {state.value: int(n) for state, n in storage.counts(queue).items()}
+            out.append({"queue": queue, "since": _number(mode.get("since")),
+                        "why": str(mode.get("why", "")), "counts": counts})  # fmt: skip
+    return sorted(out, key=lambda m: m["since"])
 
 
 def _sample_ids(storage: Any, rows: Any, queue: str, size: int) -> list[str]:

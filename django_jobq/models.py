@@ -1,11 +1,13 @@
 """Job state as Django models.
 
-With the database backend these rows *are* the state (``storage/database.py`` changes them in
+With the database backend these rows *are* the state (``storage/database/`` changes them in
 short transactions). With Redis they are a read-only mirror written in batches from the event
 streams, for the admin, the API and analytics; the hot path never waits on them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db import models
 
@@ -85,29 +87,60 @@ class Job(models.Model):
     objects = JobQuerySet.as_manager()
 
     class Meta:
+        # Every index here is written by every enqueue of a row it covers, so each one must
+        # serve a query that needs it (migration 0022: a fresh queued row enters 6 indexes on
+        # PostgreSQL, where it entered 12, and its event 4 instead of 5). Indexes of a phase
+        # of a job's life are partial on a column set only in that phase (``run_at``,
+        # ``lease_deadline``, ``finished_at``): a row enters them when it reaches the phase.
+        # Queries reach them through a range on that column, which implies ``IS NOT NULL``
+        # also with parameters bound on the server (a generic plan cannot match a predicate
+        # ``state = %s``), or say ``IS NOT NULL`` themselves.
         constraints = [
-            models.UniqueConstraint(fields=["queue", "job_id"], name="jobq_job_queue_id_uniq")
-        ]
+            # ``varchar_pattern_ops`` on PostgreSQL (elsewhere ignored): equality is the same,
+            # and the same index also serves the admin's job id search, ``LIKE 'prefix%'``,
+            # whatever the database's collation (migration 0019 had a second index for it).
+            models.UniqueConstraint(
+                fields=["queue", "job_id"], name="jobq_job_queue_id_uniq",
+                opclasses=["varchar_ops", "varchar_pattern_ops"],
+            )
+        ]  # fmt: skip
         indexes = [
-            # admin/API lists: per queue and state, newest first
+            # admin/API lists: per queue and state, newest first; state counts; oldest queued
             models.Index(fields=["queue", "state", "created_at"], name="jobq_job_q_state_created"),
             # claim order among queued jobs of a queue: lowest priority, then LIFO jobs newest
-            # first, then FIFO (id)
+            # first, then FIFO (id). Only queued rows: a claimed or finished row leaves it (the
+            # claims' SQL names the state as a literal, so the predicate always matches).
             models.Index(
-                fields=["queue", "state", "priority", "order_key", "id"], name="jobq_job_order"
+                fields=["queue", "priority", "order_key", "id"], name="jobq_job_order",
+                condition=models.Q(state="queued"),
             ),
-            # promotion of due scheduled / retrying jobs
-            models.Index(fields=["queue", "state", "run_at"], name="jobq_job_due"),
-            # reaping of expired leases
-            models.Index(fields=["state", "lease_deadline"], name="jobq_job_lease"),
-            # retention and result expiry
-            models.Index(fields=["finished_at"], name="jobq_job_finished"),
-            models.Index(fields=["expires_at"], name="jobq_job_expires"),
+            # promotion of due scheduled / retrying jobs, the next due time, parked parents,
+            # the admin's oldest promoted job: rows with a due time only
+            models.Index(
+                fields=["queue", "state", "run_at"], name="jobq_job_due",
+                condition=models.Q(run_at__isnull=False),
+            ),
+            # reaping of expired leases, per queue: running rows only
+            models.Index(
+                fields=["queue", "state", "lease_deadline"], name="jobq_job_lease",
+                condition=models.Q(lease_deadline__isnull=False),
+            ),
+            # charts (rollup), result counts, the mirror's purge: finished rows only
+            models.Index(
+                fields=["finished_at"], name="jobq_job_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
+            # Retention and dead letters: the newest finished rows of one queue and state, and
+            # the oldest.
+            models.Index(
+                fields=["queue", "state", "finished_at"], name="jobq_job_q_state_done",
+                condition=models.Q(finished_at__isnull=False),
+            ),
             # API job lists: keyset pages on (created_at, id), newest first, with and without
             # a queue filter (measured: 278 ms for an unfiltered page of 300,000 rows without)
             models.Index(fields=["queue", "-created_at", "-id"], name="jobq_job_q_created_id"),
             models.Index(fields=["-created_at", "-id"], name="jobq_job_created_id"),
-        ]
+        ]  # fmt: skip
         ordering = ["-created_at"]
         # Admin actions that change what a job does next, granted apart from "change".
         permissions = [
@@ -122,7 +155,9 @@ class Job(models.Model):
 class JobEvent(models.Model):
     """One transition of one job: the history the timeline and the analytics read."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: (job, at) below serves every lookup by job, one index less to
+    # write per event.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     queue = models.CharField(max_length=64)  # denormalised: per-queue history without a join
     kind = models.CharField(max_length=16)
     at = models.DateTimeField()
@@ -187,6 +222,9 @@ class QueueConfig(models.Model):
     # Permanent failures record a FailureCall (set by workers whose handler has a failure
     # handler). A database default too: the mirror and raw SQL may insert rows without it.
     failure_hook = models.BooleanField(default=False, db_default=False)
+    # Retention of finished jobs (``Retention``; None: none), applied by the database
+    # backend's reaper pass: {"completed": {"count": n, "age": ms}, ...}.
+    retention = models.JSONField(null=True, blank=True)
 
     class Meta:
         verbose_name = "queue"
@@ -266,6 +304,17 @@ class Schedule(models.Model):
     next_run_at = models.DateTimeField(null=True, blank=True)
     last_run_at = models.DateTimeField(null=True, blank=True)
     last_job_id = models.CharField(max_length=128, blank=True, default="")
+    # "settings": declared in JOBQ["SCHEDULES"] and kept by schedule_sync (created, updated,
+    # deleted there); "admin": made by hand (admin, API, code), never touched by the sync.
+    source = models.CharField(
+        max_length=16,
+        choices=[("admin", "Admin or code"), ("settings", "JOBQ['SCHEDULES']")],
+        default="admin",
+        editable=False,
+    )
+    # Of a settings row: a digest of the fields as the last sync wrote them. A row whose fields
+    # no longer match it was edited since (drift, reported and overwritten by the next sync).
+    settings_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -278,6 +327,24 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Refuse, as every other way in does, a payload or option no database can hold (NaN,
+        infinities, NUL, nesting too deep) with ``InvalidPayload`` before the database sees it:
+        SQLite and PostgreSQL would refuse it with an error that names neither the field nor
+        the cause, and the admin form and the REST API already check the same rule."""
+        from .errors import InvalidPayload
+        from .serde import check_json_value
+
+        for field in ("payload", "job_options"):
+            try:
+                check_json_value(getattr(self, field), f"schedule {field}")
+            except InvalidPayload as exc:
+                message = str(exc)
+                if not message.startswith("schedule "):
+                    message = f"schedule {field}: {message}"
+                raise InvalidPayload(message) from exc
+        super().save(*args, **kwargs)
 
 
 class ApiKey(models.Model):
@@ -509,3 +576,4 @@ from .broadcast_models import (  # noqa: E402, F401 - broadcast tables of this a
     BroadcastLog,
     BroadcastMessage,
 )
+from .rollup_models import JobMinute, RollupMark  # noqa: E402, F401 - the admin charts' rollup

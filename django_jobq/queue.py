@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from . import envelope, signals, tracing
+from . import aio, envelope, signals, tracing
 from .conf import (
     OPTION_NAMES,
     get_storage,
@@ -45,9 +46,11 @@ from .job import (
     JobResult,
     JobStatus,
     JobUpdate,
+    Keep,
     NewJob,
     PendingFailureCall,
     QueueLimits,
+    Retention,
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
@@ -55,7 +58,15 @@ from .job import (
     decode_progress,
     ms_to_datetime,
 )
+from .retention import parse_retention
 from .serde import Serde, get_serde
+from .sharding import (
+    configured_shards,
+    logical_name,
+    validate_physical_queue_name,
+    validate_sharded_name,
+    validate_shards,
+)
 from .states import TERMINAL_STATES, JobState
 from .storage.base import Storage
 from .validation import (
@@ -63,7 +74,6 @@ from .validation import (
     validate_positive_int,
     validate_positive_ms,
     validate_priority,
-    validate_queue_name,
     validate_seconds,
 )
 
@@ -176,11 +186,24 @@ class Queue:
         max_payload_bytes: refuse serialised payloads above this size.
         durability: "redis" or "journal" (see docs/durability.md); default from the
             ``JOBQ`` setting (``QUEUES[name]["durability"]``, else ``DURABILITY``).
+        shards: partitions of this one logical queue (1-64; default
+            ``QUEUES[name]["shards"]``, else 1). Above 1 the object is a ``ShardedQueue``
+            (``sharded_queue.py``, docs/scaling.md): same API, jobs routed by a stable hash.
 
     Every method that reaches the storage raises ``StorageUnavailable`` when it does not
     answer (``StorageFull``: Redis at ``maxmemory``), whatever the backend; the storage
     layer translates its client's errors, so nothing here catches redis-py's.
     """
+
+    def __new__(cls, name: str = "default", *args: Any, shards: int | None = None,
+                **kwargs: Any) -> Queue:  # fmt: skip
+        """``Queue(name)`` of a queue with more than one shard is a ``ShardedQueue``, so
+        ``get_queue``, the admin, the API and every producer route without being told."""
+        if cls is Queue and _shard_count(name, shards) > 1:
+            from .sharded_queue import ShardedQueue
+
+            cls = ShardedQueue
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -191,12 +214,16 @@ class Queue:
         max_payload_bytes: int | None = None,
         defaults: JobOptions | None = None,
         durability: str | None = None,
+        shards: int | None = None,
     ) -> None:
         conf = jobq_settings()
-        self.name = validate_queue_name(name)
+        # A partition's name is accepted too (an operator asking for one partition, the
+        # admin acting on a row): it is a queue of its own with its logical queue's settings.
+        self.name = validate_physical_queue_name(name)
+        logical = logical_name(self.name)
         self.storage = storage if storage is not None else get_storage()
         self.durability = (
-            queue_durability(self.name)
+            queue_durability(logical)
             if durability is None
             else validate_durability(durability, "durability")
         )
@@ -208,7 +235,7 @@ class Queue:
             )
         self.serde = get_serde(serde or conf["SERDE"])
         self.max_payload_bytes = max_payload_bytes or conf["MAX_PAYLOAD_BYTES"]
-        self.defaults = defaults or queue_defaults(name)
+        self.defaults = defaults or queue_defaults(logical)
         self._registered = False
 
     def __repr__(self) -> str:
@@ -251,29 +278,42 @@ class Queue:
             if unknown:
                 raise InvalidOption(f"unknown job option(s) {sorted(unknown)}")
         resolved = self._resolve_options(options)
-        meta = dict(meta or {})
-        for name, value in (("timeout", timeout), ("hard_timeout", hard_timeout)):
-            if value is not None:
-                meta[name] = _seconds(name, value)
-        if meta:
-            body, content_type = envelope.wrap(self.serde, payload, meta)
-        else:
+        if meta is None and timeout is None and hard_timeout is None:  # the common case
             body, content_type = self.serde.dumps(payload), self.serde.name
+        else:
+            meta = dict(meta or {})
+            for name, value in (("timeout", timeout), ("hard_timeout", hard_timeout)):
+                if value is not None:
+                    meta[name] = _seconds(name, value)
+            if meta:
+                body, content_type = envelope.wrap(self.serde, payload, meta)
+            else:
+                body, content_type = self.serde.dumps(payload), self.serde.name
         if len(body) > self.max_payload_bytes:
             raise PayloadTooLarge(len(body), self.max_payload_bytes)
         run_at_ms = None if run_at is None else _epoch_ms("run_at", run_at)
         delay_ms = 0 if delay is None else _duration_ms("delay", delay)
         if group is not None:
             _key_like_id("group", group)
+        # The defaults (False, None: identity, so a 0 or "" still meets the checks) need no
+        # checking: most jobs use them, and this runs once per job.
+        if (
+            update_data is False and update_run_at is False and update_max_attempts is False
+            and update_backoff is False and reset_counts is False
+        ):  # fmt: skip
+            update = None
+        else:
+            update = _job_update(
+                update_data, update_run_at, update_max_attempts, update_backoff, reset_counts
+            )
         return NewJob(
             job_id, body, resolved, run_at_ms, delay_ms, content_type, waiter,
-            lifo=_flag("lifo", lifo),
+            lifo=lifo if lifo is False else _flag("lifo", lifo),
             group=group,
-            singleton=_flag("singleton", singleton),
-            update=_job_update(
-                update_data, update_run_at, update_max_attempts, update_backoff, reset_counts
-            ),
-            dedup=_dedup(dedup_key, dedup_mode, dedup_ttl),
+            singleton=singleton if singleton is False else _flag("singleton", singleton),
+            update=update,
+            dedup=None if dedup_key is None and dedup_mode is None and dedup_ttl is None
+            else _dedup(dedup_key, dedup_mode, dedup_ttl),
         )  # fmt: skip
 
     def _resolve_options(self, options: dict[str, Any]) -> JobOptions:
@@ -325,14 +365,29 @@ class Queue:
 
     def submit(self, job: NewJob) -> EnqueueResult:
         """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
-        if self.journaled:
-            stored = self._journal([job])[0]
+        home = self._home(job)
+        if home.journaled:
+            stored = home._journal([job])[0]
         else:
-            self._register()
-            stored = self.storage.enqueue(self.name, job)
+            home._register()
+            stored = home.storage.enqueue(home.name, job)
         if signals.job_enqueued.receivers:
             signals.enqueued(Queue, self.name, [stored])
         return self._public(stored)
+
+    def _home(self, job: NewJob) -> Queue:
+        """The physical queue that stores ``job``: this one (``ShardedQueue``: a partition)."""
+        return self
+
+    def partition_for(self, key: str) -> str:
+        """The physical queue a job of routing ``key`` goes to (this queue's own name)."""
+        return self.name
+
+    def locate(self, job_id: str) -> Queue:
+        """The physical queue that holds ``job_id``: this one (``ShardedQueue``: the partition
+        that knows the id, else the one it routes to). For steps that follow one queue's
+        storage, such as an event-stream wait."""
+        return self
 
     @property
     def journaled(self) -> bool:
@@ -367,7 +422,18 @@ class Queue:
         the enqueue raises. Only the database backend enqueues *inside* the transaction,
         and a queue in journal mode journals inside it (then this is ``enqueue``).
         """
-        job = self.build(job_id, payload, **options)
+        if tracing.active():
+            # The send span is made now, inside the caller's span (a request's), and ends at
+            # once: the commit runs its callbacks after the caller left that span, so a span
+            # made then would start a trace of its own. The payload is encoded now, as always.
+            with tracing.producer_span(self.name) as (span, carrier):
+                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                span.set_attributes({"messaging.message.id": job.job_id, "jobq.on_commit": True})
+        else:
+            job = self.build(job_id, payload, **options)
+        return self._home(job)._on_commit(job, using)
+
+    def _on_commit(self, job: NewJob, using: str | None) -> str:
         if self.journaled:
             if using is not None and using != jobq_settings()["JOURNAL"]["DATABASE_ALIAS"]:
                 raise InvalidOption(
@@ -410,14 +476,17 @@ class Queue:
                 built.append(self.build(job_id, payload, **_with_trace({}, trace)))
         if not built:
             return []
-        if self.journaled:
-            stored = self._journal(built)
-        else:
-            self._register()
-            stored = self.storage.enqueue_many(self.name, built)
+        stored = self._store_many(built)
         if signals.job_enqueued.receivers:
             signals.enqueued(Queue, self.name, stored)
         return [self._public(s) for s in stored]
+
+    def _store_many(self, built: list[NewJob]) -> list[StoredEnqueue]:
+        """Store validated jobs, answers in their order (``ShardedQueue``: per partition)."""
+        if self.journaled:
+            return self._journal(built)
+        self._register()
+        return self.storage.enqueue_many(self.name, built)
 
     def enqueue_and_wait(
         self, job_id: str | None = None, payload: Any = None, *, timeout: float, **options: Any
@@ -436,26 +505,96 @@ class Queue:
             # A blocked successor has no outcome until an unrelated run finishes; a caller
             # who waits wants the running job's result, which a plain enqueue_and_wait gives.
             raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
+        waited, outcome = False, None
         if tracing.active():
             with tracing.producer_span(self.name) as (span, carrier):
                 job = self.build(job_id, payload, waiter=True, **_with_trace(options, carrier))
                 span.set_attribute("messaging.message.id", job.job_id)
-                stored = self._store_waited(job)
-        else:
+                stored = self._home(job)._store_waited(job)
+        elif self.journaled or signals.job_enqueued.receivers:
+            # (a receiver of job_enqueued hears of the job before it is waited on, as before)
             job = self.build(job_id, payload, waiter=True, **options)
-            stored = self._store_waited(job)
+            stored = self._home(job)._store_waited(job)
+        else:
+            # The hot path: one storage call that enqueues and waits (on Redis one write for
+            # both, see Storage.enqueue_and_wait), on the queue that stores the job.
+            job = self.build(job_id, payload, waiter=True, **options)
+            home = self._home(job)
+            home._register()
+            stored, outcome = home.storage.enqueue_and_wait(home.name, job, timeout)
+            waited = True
         if signals.job_enqueued.receivers:
             signals.enqueued(Queue, self.name, [stored])
         if stored.state is JobState.COMPLETED:
             return self.serde_loads(stored.result)
         if stored.state in (JobState.FAILED, JobState.CANCELLED):
             raise JobFailed(job.job_id, decode_error(stored.error), stored.state.value)
-        outcome = self.storage.wait_for_outcome(self.name, job.job_id, timeout)
+        if not waited:
+            home = self._home(job)  # the waiter is registered where the job is
+            outcome = home.storage.wait_for_outcome(home.name, job.job_id, timeout)
         if outcome is None:
             raise Timeout(job.job_id, timeout)
         if outcome.state is JobState.COMPLETED:
             return self.serde_loads(outcome.result)
         raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    # -- async producing (aio.py: native async I/O on Redis, documented thread hops else) ----
+
+    async def aenqueue(
+        self, job_id: str | None = None, payload: Any = None, **options: Any
+    ) -> EnqueueResult:
+        """``enqueue`` for async code (ASGI views): same arguments, same outcome. On Redis the
+        storage call is native async I/O; see ``aio.py`` for the other backends."""
+        if self.journaled or tracing.active():  # a DB transaction / a thread-bound span stack
+            return await sync_to_async(self.enqueue)(job_id, payload, **options)
+        job = self.build(job_id, payload, **options)
+        home = self._home(job)
+        await home._aregister()
+        stored = await aio.enqueue(home.storage, home.name, job)
+        if signals.job_enqueued.receivers:
+            await sync_to_async(signals.enqueued)(Queue, self.name, [stored])
+        return self._public(stored)
+
+    async def aenqueue_and_wait(
+        self, job_id: str | None = None, payload: Any = None, *, timeout: float, **options: Any
+    ) -> Any:
+        """``enqueue_and_wait`` for async code: the wait blocks no thread on Redis (an async
+        BLPOP); on the other backends it runs in a thread of its own (``aio.py``)."""
+        validate_seconds("timeout", timeout)
+        if options.get("singleton"):
+            raise InvalidOption("enqueue_and_wait cannot be combined with singleton=True")
+        if self.journaled or tracing.active():
+            return await aio.in_thread(
+                lambda: self.enqueue_and_wait(job_id, payload, timeout=timeout, **options)
+            )
+        job = self.build(job_id, payload, waiter=True, **options)
+        home = self._home(job)
+        await home._aregister()
+        stored = await aio.enqueue(home.storage, home.name, job)
+        if signals.job_enqueued.receivers:
+            await sync_to_async(signals.enqueued)(Queue, self.name, [stored])
+        if stored.state is JobState.COMPLETED:
+            return self.serde_loads(stored.result)
+        if stored.state in (JobState.FAILED, JobState.CANCELLED):
+            raise JobFailed(job.job_id, decode_error(stored.error), stored.state.value)
+        outcome = await aio.wait_for_outcome(home.storage, home.name, job.job_id, timeout)
+        if outcome is None:
+            raise Timeout(job.job_id, timeout)
+        if outcome.state is JobState.COMPLETED:
+            return self.serde_loads(outcome.result)
+        raise JobFailed(job.job_id, decode_error(outcome.error), outcome.state.value)
+
+    async def aget_status(self, job_id: str) -> JobStatus | None:
+        record = await aio.get_record(self.storage, self.name, validate_job_id(job_id))
+        return None if record is None else self._status(record)
+
+    async def aget_result(self, job_id: str) -> JobResult | None:
+        return self._result(await aio.get_record(self.storage, self.name, validate_job_id(job_id)))
+
+    async def _aregister(self) -> None:
+        if not self._registered:
+            await aio.register_queue(self.storage, self.name)
+            self._registered = True
 
     def _store_waited(self, job: NewJob) -> StoredEnqueue:
         if self.journaled:
@@ -620,23 +759,39 @@ class Queue:
         ``group_rate_max`` per ``group`` key within ``group_rate_window``; ``concurrency``
         caps the jobs running at once across all workers. Omitted: no limit. Excess jobs
         wait; none fails."""
-        limits = QueueLimits(
-            rate_max=_limit("rate_max", rate_max),
-            rate_window=_limit("rate_window", _window(rate_window), ms=True),
-            group_rate_max=_limit("group_rate_max", group_rate_max),
-            group_rate_window=_limit("group_rate_window", _window(group_rate_window), ms=True),
-            concurrency=_limit("concurrency", concurrency),
-        )
-        for count, window in (("rate_max", "rate_window"),
-                              ("group_rate_max", "group_rate_window")):  # fmt: skip
-            if (getattr(limits, count) is None) != (getattr(limits, window) is None):
-                raise InvalidOption(f"{count} and {window} go together")
+        limits = checked_limits(
+            rate_max=rate_max, rate_window=rate_window, group_rate_max=group_rate_max,
+            group_rate_window=group_rate_window, concurrency=concurrency,
+        )  # fmt: skip
         self._register()
         self.storage.set_limits(self.name, limits)
         return limits
 
     def get_limits(self) -> QueueLimits:
         return self.storage.get_limits(self.name)
+
+    def set_retention(
+        self,
+        retention: Retention | Mapping[str, Any] | None = None,
+        **states: Mapping[str, Any] | Keep | None,
+    ) -> Retention:
+        """Replace this queue's retention of finished jobs, for every worker at once.
+
+        ``q.set_retention(completed={"count": 1000}, failed={"age": timedelta(days=7)})``
+        keeps the newest 1,000 completed jobs and failed ones for a week (a ``Retention`` or
+        the settings' dict shape work too). A state left out keeps its records until their
+        ``result_ttl``; no argument removes the policy. The steps that finish jobs remove a few
+        of the oldest records each; the reaper removes the rest. A removed record is gone as
+        if it had expired: its id may be enqueued again (docs/settings.md)."""
+        if retention is not None and states:
+            raise InvalidOption("give a Retention (or dict) or per-state keywords, not both")
+        policy = parse_retention(states if retention is None else retention)
+        self._register()
+        self.storage.set_retention(self.name, policy)
+        return policy
+
+    def get_retention(self) -> Retention:
+        return self.storage.get_retention(self.name)
 
     def drain(self, *, delayed: bool = True) -> int:
         """Cancel every waiting job (only the queued ones when ``delayed`` is False); running
@@ -754,6 +909,7 @@ class Queue:
             has_successor=record.has_successor,
             progress=decode_progress(record.progress),
             logs=tuple((ms_to_datetime(at) or _EPOCH, line) for at, line in record.logs),
+            task=envelope.task_name(record.content_type, record.payload),
         )
 
     def delete(self, job_ids: Iterable[str]) -> int:
@@ -796,7 +952,10 @@ class Queue:
     def get_result(self, job_id: str) -> JobResult | None:
         """The result (completed) or error (failed) while the record lives; ``None`` when the
         job is unknown or expired. For a job still running, the state with no value."""
-        record = self.storage.get_record(self.name, validate_job_id(job_id))
+        return self._result(self.storage.get_record(self.name, validate_job_id(job_id)))
+
+    @staticmethod
+    def _result(record: JobRecord | None) -> JobResult | None:
         if record is None:
             return None
         value = None
@@ -879,6 +1038,8 @@ class Queue:
         return None if data is None else self.serde.loads(data)
 
     def _public(self, stored: StoredEnqueue) -> EnqueueResult:
+        if stored.outcome is EnqueueOutcome.QUEUED and stored.error is None:  # nothing to decode
+            return EnqueueResult(stored.outcome, stored.job_id, stored.state)
         result = None
         if stored.outcome is EnqueueOutcome.COMPLETED and stored.result is not None:
             result = self.serde.loads(stored.result)
@@ -906,6 +1067,42 @@ def _window(value: int | dt.timedelta | None) -> int | None:
     if isinstance(value, dt.timedelta):
         return int(value.total_seconds() * 1000)
     return value
+
+
+def _shard_count(name: object, shards: int | None) -> int:
+    """The shards a new Queue gets: the argument, else the setting (a name that is invalid
+    or a partition's is left to ``__init__`` to refuse or to treat as one queue)."""
+    if not isinstance(name, str) or "~" in name:
+        if shards is not None and validate_shards(shards) > 1:
+            raise InvalidOption(f"queue {name!r} is a partition: it cannot be sharded again")
+        return 1
+    count = configured_shards(name) if shards is None else validate_shards(shards)
+    if count > 1:
+        validate_sharded_name(name, count)
+    return count
+
+
+def checked_limits(
+    *,
+    rate_max: int | None = None,
+    rate_window: int | dt.timedelta | None = None,
+    group_rate_max: int | None = None,
+    group_rate_window: int | dt.timedelta | None = None,
+    concurrency: int | None = None,
+) -> QueueLimits:
+    """``set_limits``' arguments validated into ``QueueLimits`` (nothing written)."""
+    limits = QueueLimits(
+        rate_max=_limit("rate_max", rate_max),
+        rate_window=_limit("rate_window", _window(rate_window), ms=True),
+        group_rate_max=_limit("group_rate_max", group_rate_max),
+        group_rate_window=_limit("group_rate_window", _window(group_rate_window), ms=True),
+        concurrency=_limit("concurrency", concurrency),
+    )
+    for count, window in (("rate_max", "rate_window"),
+                          ("group_rate_max", "group_rate_window")):  # fmt: skip
+        if (getattr(limits, count) is None) != (getattr(limits, window) is None):
+            raise InvalidOption(f"{count} and {window} go together")
+    return limits
 
 
 _queues: dict[str, Queue] = {}

@@ -19,6 +19,7 @@ from . import signals
 from .conf import get_storage, jobq_settings, journal_in_settings
 from .flows import resolve_parked
 from .registry import registry
+from .retention import apply_configured_retention
 from .storage.base import ReapReport, Storage
 
 logger = logging.getLogger("django_jobq.reaper")
@@ -56,6 +57,10 @@ class Reaper:
         self.schedules = schedules
         self._schedule_error: tuple[str, float] | None = None
         self.last_fired: list[str] = []  # ids the last sweep's schedules stored
+        # JOBQ["SCHEDULES"] -> Schedule rows (schedule_sync.py): on start, then this often.
+        self.schedule_sync_interval: float | None = conf["REAPER"]["schedule_sync_interval"]
+        self._last_sync: float | None = None
+        self._sync_error: tuple[str, float] | None = None
         # Journal reconcile (journal.py): by default where the settings put a queue in journal
         # mode, so a reaper of a project without the journal never touches its table.
         want_reconcile = journal_in_settings() if reconcile is None else reconcile
@@ -91,12 +96,19 @@ class Reaper:
                 logger.info("%s: released %d flow parents", name, released)
             report = self.storage.reap(name, self.batch)
             # A full batch means more may be waiting: sweep again before sleeping.
-            while len(report.requeued) + len(report.failed) + report.promoted >= self.batch:
+            while (
+                len(report.requeued) + len(report.failed) + report.promoted >= self.batch
+                or report.removed >= self.batch
+            ):
                 more = self.storage.reap(name, self.batch)
                 report.requeued += more.requeued
                 report.failed += more.failed
                 report.promoted += more.promoted
-                if len(more.requeued) + len(more.failed) + more.promoted < self.batch:
+                report.removed += more.removed
+                if (
+                    len(more.requeued) + len(more.failed) + more.promoted < self.batch
+                    and more.removed < self.batch
+                ):
                     break
             for job_id in report.requeued:
                 logger.warning("[%s/%s] lease expired: requeued (stalled)", name, job_id)
@@ -106,6 +118,8 @@ class Reaper:
                 signals.stalled(Reaper, name, report.requeued, report.failed, None)
             if report.promoted:
                 logger.debug("%s: promoted %d due jobs", name, report.promoted)
+            if report.removed:
+                logger.debug("%s: retention removed %d finished jobs", name, report.removed)
             reports[name] = report
         return reports
 
@@ -134,6 +148,33 @@ class Reaper:
             return []
         self._schedule_error = None
         return fired
+
+    def sync_schedules(self) -> Any:
+        """Sync ``JOBQ["SCHEDULES"]`` to Schedule rows. Invalid settings, or a database that is
+        down or not migrated, are logged (once a minute at most) and never stop the sweep:
+        the rows as they were keep firing."""
+        from django.db import connections
+
+        from .schedule_sync import sync
+
+        self._last_sync = time.monotonic()
+        alias = self.database_alias()
+        try:
+            report = sync(using=alias)
+        except Exception as exc:
+            self._sync_error = _warn_rarely("schedules not synced", exc, self._sync_error)
+            connections[alias].close_if_unusable_or_obsolete()
+            return None
+        self._sync_error = None
+        return report
+
+    def _sync_due(self) -> bool:
+        if not self.schedules:
+            return False
+        if self._last_sync is None:
+            return True
+        every = self.schedule_sync_interval
+        return every is not None and time.monotonic() - self._last_sync >= every
 
     def reconcile(self) -> None:
         """Re-create jobs Redis lost from the journal. Errors (database down, table not
@@ -188,10 +229,18 @@ class Reaper:
 
     def run(self) -> None:
         logger.info("reaper sweeping every %.2fs", self.interval)
+        # The database backend applies retention only in sweeps: the reaper writes the
+        # settings' policy too, so a deployment whose workers have not restarted follows it.
+        try:
+            apply_configured_retention(self.storage, self.queues())
+        except Exception as exc:  # storage down at start: workers apply it too, and it holds
+            logger.warning("retention from settings not applied: %s", exc)
         mirror_thread = self.mirror.start() if self.mirror is not None else None
         try:
             while not self._stop.is_set():
                 try:
+                    if self._sync_due():  # before firing: a new schedule's row must exist
+                        self.sync_schedules()
                     self.run_once()
                     if time.monotonic() - self._last_purge >= self.retention_interval:
                         self.purge()

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, PermanentError
 from .job import FailedJob, Job
+from .sharding import logical_name
 from .validation import is_seconds, validate_queue_name
 
 Handler = Callable[[Job], Any]
@@ -48,6 +49,11 @@ class HandlerRegistry:
         self._handlers: dict[str, Handler] = {}
         self._options: dict[str, HandlerOptions] = {}
         self._failure_handlers: dict[str, FailureHandler] = {}
+        # Retry policy of each queue's failure handler (``tasks.RetryPolicy``): absent, the
+        # worker's exponential ``failure_backoff`` and no exception gives up.
+        self._failure_policies: dict[str, Any] = {}
+        # Task functions (``tasks/core.py``) by name: several may share a queue.
+        self._tasks: dict[str, Any] = {}
 
     def register(
         self,
@@ -58,6 +64,9 @@ class HandlerRegistry:
         hard_timeout: float | None = None,
         batch: int | None = None,
         on_failure: FailureHandler | None = None,
+        failure_backoff: Any = None,
+        failure_retry_on: Any = (),
+        failure_dont_retry_on: Any = (),
     ) -> Handler:
         validate_queue_name(queue)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
@@ -74,13 +83,31 @@ class HandlerRegistry:
                 f" cannot also register {_qualname(func)}"
             )
         if on_failure is not None:
-            self.register_failure_handler(queue, on_failure)
+            self.register_failure_handler(
+                queue, on_failure, backoff=failure_backoff, retry_on=failure_retry_on,
+                dont_retry_on=failure_dont_retry_on,
+            )  # fmt: skip
         self._handlers[queue] = func
         self._options[queue] = options
         return func
 
-    def register_failure_handler(self, queue: str, func: FailureHandler) -> FailureHandler:
+    def register_failure_handler(
+        self,
+        queue: str,
+        func: FailureHandler,
+        *,
+        backoff: Any = None,
+        retry_on: Any = (),
+        dont_retry_on: Any = (),
+    ) -> FailureHandler:
+        """The failure handler of ``queue``, for its jobs whose task has none of its own.
+
+        Its retry policy, when it raises: ``backoff`` (a ``tasks.Backoff`` or seconds; None:
+        ``JOBQ["WORKER"]["failure_backoff"]``, doubling); ``retry_on`` / ``dont_retry_on``
+        (exception classes) say which errors give up instead of calling it again, as for
+        tasks (see ``failure_policy``)."""
         validate_queue_name(queue)
+        policy = failure_policy(backoff, retry_on, dont_retry_on)
         if not callable(func):
             raise ConfigurationError(f"the failure handler of {queue!r} must be callable")
         existing = self._failure_handlers.get(queue)
@@ -90,31 +117,143 @@ class HandlerRegistry:
                 f" cannot also register {_qualname(func)}"
             )
         self._failure_handlers[queue] = func
+        if policy is None:
+            self._failure_policies.pop(queue, None)
+        else:
+            self._failure_policies[queue] = policy
         return func
 
     def failure_handler(self, queue: str) -> FailureHandler | None:
-        return self._failure_handlers.get(queue)
+        """The queue's own failure handler (not its tasks'), or None."""
+        return self._failure_handlers.get(logical_name(queue))
+
+    def failure_backoff(self, queue: str) -> Any:
+        """The ``Backoff`` of the queue's failure handler, or None (the worker's setting)."""
+        policy = self._failure_policies.get(logical_name(queue))
+        return None if policy is None else policy.backoff
+
+    def failure_target(self, queue: str, task_name: object) -> tuple[FailureHandler, Any] | None:
+        """(function, retry policy or None) that is told about a failed job of ``queue``
+        naming task ``task_name`` (None for a plain job): the task's own failure handler when
+        it has one, else the queue's; None when neither exists here."""
+        queue = logical_name(queue)  # a partition: its logical queue's handler
+        found = self._tasks.get(task_name) if isinstance(task_name, str) else None
+        if found is not None and found.failure_handler is not None:
+            return found.failure_handler, found.failure_policy
+        func = self._failure_handlers.get(queue)
+        return None if func is None else (func, self._failure_policies.get(queue))
+
+    def has_failure_handler(self, queue: str) -> bool:
+        """Whether a failure of ``queue`` may have someone to tell here: the queue has a
+        failure handler, or a task routed to it (``JOBQ["ROUTES"]``, else its ``@task``
+        queue) has one. A worker turns the queue's failure hook on exactly then."""
+        queue = logical_name(queue)
+        if queue in self._failure_handlers:
+            return True
+        if not any(t.failure_handler is not None for t in self._tasks.values()):
+            return False
+        from .tasks.core import route
+
+        return any(
+            t.failure_handler is not None and route(t.name, t.queue) == queue
+            for t in self._tasks.values()
+        )
 
     def unregister(self, queue: str) -> None:
         self._handlers.pop(queue, None)
         self._options.pop(queue, None)
         self._failure_handlers.pop(queue, None)
+        self._failure_policies.pop(queue, None)
 
     def options(self, queue: str) -> HandlerOptions:
-        return self._options.get(queue) or HandlerOptions()
+        return self._options.get(logical_name(queue)) or HandlerOptions()
 
     def get(self, queue: str) -> Handler | None:
-        return self._handlers.get(queue)
+        """The queue's handler; for a queue only tasks are routed to, ``untagged_job``, which
+        fails a job that names no task (the task itself is found by ``task_runner``)."""
+        queue = logical_name(queue)  # a partition runs its logical queue's handler
+        found = self._handlers.get(queue)
+        if found is None and queue in self._task_queues():
+            return untagged_job
+        return found
 
     def queues(self) -> list[str]:
-        return sorted(self._handlers)
+        """Every queue a worker started without a queue list serves: handlers' and tasks'
+        (after ``JOBQ["ROUTES"]``)."""
+        return sorted(set(self._handlers) | self._task_queues())
+
+    # -- task functions ----------------------------------------------------------------------
+
+    def register_task(self, task: Any) -> Any:
+        """Register a ``Task`` under its name. A second task of one name is refused (which one
+        runs would depend on import order), unless it is the same function imported again."""
+        existing = self._tasks.get(task.name)
+        if existing is not None and _qualname(existing.func) != _qualname(task.func):
+            raise ConfigurationError(
+                f"task name {task.name!r} is already taken by {_qualname(existing.func)};"
+                f" cannot also register {_qualname(task.func)}"
+            )
+        self._tasks[task.name] = task
+        return task
+
+    def unregister_task(self, name: str) -> None:
+        self._tasks.pop(name, None)
+
+    def task(self, name: str) -> Any | None:
+        return self._tasks.get(name)
+
+    def tasks(self) -> list[Any]:
+        return [self._tasks[name] for name in sorted(self._tasks)]
+
+    def task_runner(self, name: object) -> Handler | None:
+        """What the worker calls for a job naming task ``name``; None for an unknown name."""
+        found = self._tasks.get(name) if isinstance(name, str) else None
+        return None if found is None else found.runner()
+
+    def _task_queues(self) -> set[str]:
+        if not self._tasks:
+            return set()
+        from .tasks.core import route
+
+        return {route(t.name, t.queue) for t in self._tasks.values()}
+
+
+def untagged_job(job: Job) -> Any:
+    """The handler of a queue that only tasks use, called for a job that names no task (a
+    plain ``Queue.enqueue`` onto it): no function can take it, so it fails for good."""
+    raise PermanentError(
+        f"queue {job.queue!r} serves task functions only; this job names no task"
+        " (enqueue it through the task: fn.enqueue(...))"
+    )
+
+
+def failure_policy(backoff: Any, retry_on: Any, dont_retry_on: Any) -> Any:
+    """The ``tasks.RetryPolicy`` of a failure handler, checked at registration (a bad value
+    fails at import); None when every part is the default."""
+    from .tasks.policy import RetryPolicy, backoff_from, exception_classes
+
+    policy = RetryPolicy(
+        exception_classes("retry_on", retry_on),
+        exception_classes("dont_retry_on", dont_retry_on),
+        backoff_from(backoff),
+    )
+    return None if policy.is_default else policy
 
 
 def handler_name(queue: str) -> str:
-    """Dotted path of the handler registered for ``queue`` here ("" when none): what the
-    ``Job.handler`` column shows."""
-    func = registry.get(queue)
+    """Dotted path of the handler registered for ``queue`` here ("" when none, or when only
+    tasks use it: their jobs show their task's name, ``job_handler_name``)."""
+    func = registry._handlers.get(logical_name(queue))
     return _qualname(func) if func is not None else ""
+
+
+def job_handler_name(queue: str, content_type: str, payload: bytes | None) -> str:
+    """What the ``Job.handler`` column shows for one job: its task's name for a task function's
+    job (the admin, the API and the Spark analytics then group and filter by job type), else
+    the queue's handler."""
+    from .envelope import task_name
+
+    return task_name(content_type, payload) or handler_name(queue)
 
 
 def _qualname(func: Callable) -> str:
@@ -149,7 +288,9 @@ def handler(
     return decorator
 
 
-def on_failure(queue: str) -> Callable[[FailureHandler], FailureHandler]:
+def on_failure(
+    queue: str, *, backoff: Any = None, retry_on: Any = (), dont_retry_on: Any = ()
+) -> Callable[[FailureHandler], FailureHandler]:
     """Register the decorated function as the failure handler of ``queue``.
 
     It is called as ``func(payload, job, error)`` once per job that fails for good (attempts
@@ -157,11 +298,17 @@ def on_failure(queue: str) -> Callable[[FailureHandler], FailureHandler]:
     ``payload`` decoded as the handler got it (its raw bytes if it does not decode), ``job``
     a ``FailedJob`` (id, queue, attempts, failed_at, tries), ``error`` the failure's
     ``{"type", "message", "traceback"}``. Until it returns without raising it is called again
-    with a long backoff (``JOBQ["WORKER"]["failure_backoff"]``), so it runs at least once per
-    failure: make it idempotent (a worker killed while it runs repeats the call).
+    with a long backoff (``JOBQ["WORKER"]["failure_backoff"]``, or ``backoff``: a
+    ``django_jobq.Backoff`` or fixed seconds), so it runs at least once per
+    failure: make it idempotent (a worker killed while it runs repeats the call). An
+    exception in ``dont_retry_on``, one not in ``retry_on`` when that is given, or a
+    ``PermanentError`` gives up on the call instead (logged; the dead letter stays).
+    A task's own failure handler (``@task(on_failure=...)``) takes precedence for its jobs.
     """
 
     def decorator(func: FailureHandler) -> FailureHandler:
-        return registry.register_failure_handler(queue, func)
+        return registry.register_failure_handler(
+            queue, func, backoff=backoff, retry_on=retry_on, dont_retry_on=dont_retry_on
+        )
 
     return decorator

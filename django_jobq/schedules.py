@@ -65,6 +65,8 @@ SCHEDULE_JOB_OPTIONS = frozenset(OPTION_NAMES) | {
     "dedup_key",
     "dedup_mode",
     "dedup_ttl",
+    # The envelope meta: a task function's schedule names its task there (schedule_sync).
+    "meta",
 }
 MAX_INTERVAL_SECONDS = MAX_DURATION_MS // 1000
 _TIMING_FIELDS = ("cron", "interval", "timezone", "enabled")
@@ -125,7 +127,12 @@ def validate_schedule(schedule: Schedule) -> None:
         queue_ok = False
         add("queue", str(exc))
 
-    cron = (schedule.cron or "").strip()
+    if schedule.cron is not None and not isinstance(schedule.cron, str):
+        add("cron", f"Cron must be a string, got {schedule.cron!r}.")
+        schedule_cron = ""
+    else:
+        schedule_cron = schedule.cron or ""
+    cron = schedule_cron.strip()
     interval = schedule.interval
     if bool(cron) == (interval is not None):
         message = "Give exactly one of cron and interval."
@@ -160,6 +167,8 @@ def validate_schedule(schedule: Schedule) -> None:
                 f"Unknown or unsupported job option(s) {sorted(unknown)}; allowed:"
                 f" {', '.join(sorted(SCHEDULE_JOB_OPTIONS))}.",
             )
+        elif "meta" in options and not isinstance(options["meta"], dict):
+            add("job_options", f"meta must be a JSON object, got {options['meta']!r}.")
         elif queue_ok:
             try:
                 Queue(schedule.queue, storage=_BUILD_ONLY).build(

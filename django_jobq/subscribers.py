@@ -1,10 +1,18 @@
 """Runs ``@subscriber`` handlers: a claim loop, handler threads, and a heartbeat.
 
-Kept apart from ``worker.py``: a subscriber group is not a queue (it has a cursor, and its
-messages are claimed per group), so it gets its own small loop, which ``runworker`` runs beside
-the job worker. The rules for a handler's outcome are those of jobs (``execution.py``): success
-completes; ``PermanentError``, a malformed payload, or the last allowed attempt makes a dead
-letter; any other error retries after the job backoff (or the ``retry_in`` it asks for).
+A subscriber group is not a queue (it has a cursor, and its messages are claimed per group), so
+the claims, verdicts and heartbeats are its own; the lifecycle (start, stop, the claim loop and
+its idle wait, the grace period) is the job worker's (``lifecycle.py``). An idle worker blocks
+on the backend's ``Waiter`` until a publish, not on a timer. The rules for a handler's outcome
+are those of jobs (``execution.py``): success completes; ``PermanentError``, a malformed
+payload, or the last allowed attempt makes a dead letter; any other error retries after the job
+backoff (or the ``retry_in`` it asks for).
+
+Where a handler runs is the job worker's choice too (``--pool``): on the handler threads
+(``thread``), in a reused child process per slot (``process``: a hard timeout kills the child)
+or on one event loop (``async``: a hard timeout cancels the task). Claims, verdicts and
+heartbeats stay on the worker's threads whatever the pool, so a hung handler cannot stop its
+lease from being extended, nor other slots or groups from being served.
 """
 
 from __future__ import annotations
@@ -17,22 +25,25 @@ import queue as stdqueue
 import socket
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import CancelledError
+from dataclasses import astuple, dataclass
+from functools import partial
 from typing import Any
 
 from .broadcast import Subscription
 from .conf import get_storage, jobq_settings
-from .errors import ConfigurationError, PermanentError
+from .errors import ConfigurationError, HardTimeout, InvalidOption, PermanentError
 from .execution import _JITTER, backoff_ms, error_body, requested_retry_ms
 from .job import Job
+from .lifecycle import RECONNECT_MAX, ServingLoop
+from .metrics.tally import Tally
+from .metrics.tally import current as metrics_tally
+from .pools import POOLS, ProcessRunner, Watchdog
 from .storage.broadcast_base import BroadcastStore, Delivery, Settle, SettleKind
-from .validation import validate_job_id
 
 logger = logging.getLogger("django_jobq.subscribers")
-RECONNECT_MAX = 1.0  # s: longest pause between claims of a storage that does not answer
 MISSED_CHECK = 10.0  # s between looks at the served groups' missed counts
 
 
@@ -57,8 +68,13 @@ def verdict(sub: Subscription, d: Delivery, exc: BaseException | None) -> Settle
     return Settle(SettleKind.RETRY, d.position, d.token, retry_in=delay, error=body)
 
 
-class SubscriberWorker:
-    """Serves subscriber groups: ``run()`` until ``stop()``; ``start()`` runs it in a thread."""
+class SubscriberWorker(ServingLoop):
+    """Serves subscriber groups: ``run()`` until ``stop()``; ``start()`` runs it in a thread.
+
+    ``idle_timeout``: longest idle wait before claiming again without a publish (retries that
+    came due and lapsed leases are found by claims, not signalled)."""
+
+    thread_name = "jobq-subscribers"
 
     def __init__(
         self,
@@ -70,46 +86,58 @@ class SubscriberWorker:
         grace: float | None = None,
         worker_id: str | None = None,
         idle_timeout: float = 1.0,
+        pool: str = "thread",
     ) -> None:
         if not subscriptions:
             raise ConfigurationError("a subscriber worker needs at least one subscription")
+        if pool not in POOLS:
+            raise InvalidOption(f"pool must be one of {POOLS}, got {pool!r}")
+        hard = [s.label for s in subscriptions if s.hard_timeout is not None]
+        if hard and pool == "thread":
+            raise ConfigurationError(
+                f"subscriber(s) {hard} have a hard_timeout, which the thread pool cannot enforce"
+                " (a thread cannot be stopped from outside): run them with --pool process or"
+                " --pool async"
+            )
+        self.pool = pool
+        self._processes: ProcessRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         conf = jobq_settings()["WORKER"]
         self.subscriptions = list(subscriptions)
         self.storage = storage if storage is not None else get_storage()
         self.store: BroadcastStore = self.storage.broadcasts()
         self.concurrency = concurrency or conf["concurrency"]
         self.lease = lease or conf["lease"]
-        self.grace = conf["grace"] if grace is None else grace
-        host = socket.gethostname().replace(":", "-")
-        self.worker_id = validate_job_id(
-            worker_id or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"[-128:]
-        )
+        self._init_loop(worker_id, conf["grace"] if grace is None else grace)
         self.idle_timeout = idle_timeout
         self.stats = {"completed": 0, "retried": 0, "dead": 0, "released": 0, "lost": 0}
-        self._cond = threading.Condition()
         self._free = self.concurrency
         self._inflight: dict[tuple[str, str, str, int], _InFlight] = {}
         self._work: stdqueue.SimpleQueue[_InFlight | None] = stdqueue.SimpleQueue()
         self._acks: stdqueue.SimpleQueue[tuple[_InFlight, Settle] | None] = stdqueue.SimpleQueue()
-        self._acker = threading.Thread(target=self._ack_loop, name="jobq-subscriber-acker",
-                                       daemon=True)  # fmt: skip
-        self._stopping = threading.Event()
-        self._hurry = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.started = threading.Event()
-        self.stopped = threading.Event()
+        self._waiter = self.store.waiter(sorted({s.broadcast for s in self.subscriptions}))
+        self._armed = False  # the waiter recorded where the logs stood (see _idle)
+        #: Set while blocked waiting for a publish (tests and embedders can wait for idleness).
+        self.idle = threading.Event()
+        self._watchdog = Watchdog()
+        self._tally: Tally | None = None
+        self._started_ms = int(time.time() * 1000)
+        self._beat_at: float | None = None
         self._served = {(s.broadcast, s.group) for s in self.subscriptions}
         self._missed: dict[tuple[str, str], int] = {}  # last missed count seen per group
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> None:
+        self._tally = metrics_tally()
         self._subscribe()
         self._check_missed()  # the baseline: what the groups missed before this worker
+        self._start_pool()
         for i in range(self.concurrency):
-            self._spawn(self._handler_loop, f"jobq-subscriber-{i}")
+            self._spawn(partial(self._handler_loop, i), f"jobq-subscriber-{i}")
         self._spawn(self._heartbeat_loop, "jobq-subscriber-heartbeat")
-        self._acker.start()
+        self._spawn(self._ack_loop, "jobq-subscriber-acker")
+        self._register_quietly()
         labels = [s.label for s in self.subscriptions]
         logger.info("subscriber worker %s serving %s", self.worker_id, labels)
         self.started.set()
@@ -119,27 +147,41 @@ class SubscriberWorker:
             self._shutdown()
             self.stopped.set()
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="jobq-subscribers", daemon=True)
-        thread.start()
-        self.started.wait(10)
-        return thread
+    def _start_pool(self) -> None:
+        """The process pool's children (one per slot, started at once: their Django start-up
+        runs in parallel) or the async pool's event loop."""
+        if self.pool == "process":
+            from .registry import registry
 
-    def stop(self, *, hurry: bool = False) -> None:
-        if hurry:
-            self._hurry.set()
-        self._stopping.set()
+            self._processes = ProcessRunner(registry)
+            self._processes.start(self.concurrency)
+        elif self.pool == "async":
+            loop = self._loop = asyncio.new_event_loop()
+            self._spawn(loop.run_forever, "jobq-subscriber-async")
+
+    def _stop_pool(self) -> None:
+        if self._processes is not None:
+            self._processes.stop()
+        if self._loop is not None:
+            loop = self._loop
+
+            def cancel_all() -> None:
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+                loop.call_soon(loop.stop)
+
+            loop.call_soon_threadsafe(cancel_all)
+
+    def _interrupt(self) -> None:
+        self._waiter.interrupt()
+
+    def metrics_snapshot(self) -> dict[str, float]:
+        """Slots, busy slots and heartbeat age (s; -1 before the first), for metrics."""
         with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
-
-    def _spawn(self, target: Any, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+            busy = len(self._inflight)
+        beat = self._beat_at
+        return {"slots": self.concurrency, "busy": busy,
+                "heartbeat_age": -1.0 if beat is None else time.monotonic() - beat}  # fmt: skip
 
     def _subscribe(self) -> None:
         """Create missing groups at their ``start``; a storage blip here is retried."""
@@ -158,40 +200,22 @@ class SubscriberWorker:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def _fetch_loop(self) -> None:
-        rotation, failures = 0, 0
-        while not self._stopping.is_set():
-            with self._cond:
-                while self._free <= 0 and not self._stopping.is_set():
-                    self._cond.wait()
-            if self._stopping.is_set():
-                return
-            try:
-                claimed = self._claim_round(rotation)
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - storage unreachable: back off
-                failures += 1
-                delay = min(RECONNECT_MAX, 0.1 * 2**failures)
-                logger.warning("subscriber claim failed (%s); retrying in %.1fs", exc, delay)
-                self._stopping.wait(delay)
-                continue
-            rotation += 1
-            if not claimed:
-                self._idle()
-
-    def _idle(self) -> None:
-        """Block until a publish (one broadcast served) or a short poll (several)."""
-        names = {s.broadcast for s in self.subscriptions}
+    def _idle(self, wait: float) -> None:
+        """After an empty claim: arm the waiter and claim once more (a publish between the
+        claim and the arm is seen by that claim); after a second empty one, block until a
+        publish to a served broadcast, ``interrupt()`` or ``wait``."""
+        if not self._armed:
+            self._waiter.arm()
+            self._armed = True
+            return
+        self._armed = False
+        self.idle.set()
         try:
-            if len(names) == 1:
-                self.store.wait(next(iter(names)), self.idle_timeout)
-            else:
-                self._stopping.wait(min(self.idle_timeout, 0.05))
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("subscriber wait failed (%s)", exc)
-            self._stopping.wait(0.5)
+            self._waiter.wait(wait)
+        finally:
+            self.idle.clear()
 
-    def _claim_round(self, rotation: int) -> int:
+    def _claim_round(self, rotation: int) -> tuple[int, float]:
         claimed, subs = 0, self.subscriptions
         for i in range(len(subs)):
             sub = subs[(rotation + i) % len(subs)]
@@ -222,7 +246,9 @@ class SubscriberWorker:
             for entry in entries:
                 self._work.put(entry)
             claimed += len(got)
-        return claimed
+        if claimed:
+            self._armed = False
+        return claimed, self.idle_timeout
 
     def _reporter(self, d: Delivery) -> Any:
         """``job.set_progress`` stores progress fenced by the token; ``job.log`` lines go to
@@ -243,45 +269,65 @@ class SubscriberWorker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _handler_loop(self) -> None:
-        while (entry := self._work.get()) is not None:
+    def _handler_loop(self, slot: int) -> None:
+        while True:
+            if self._processes is not None:
+                self._processes.ready(slot)  # a child restarting after a kill delays no message
+            entry = self._work.get()
+            if entry is None:
+                return
             with self._cond:
                 if self._key(entry) not in self._inflight:
                     continue  # released by shutdown before it started
                 entry.running = True
-            self._acks.put((entry, self._run(entry)))
+            self._acks.put((entry, self._run(entry, slot)))
 
     @staticmethod
     def _key(entry: _InFlight) -> tuple[str, str, str, int]:
         d = entry.delivery
         return (d.broadcast, d.group, d.position, d.token)
 
-    def _run(self, entry: _InFlight) -> Settle:
-        from .queue import serde_for
-
+    def _run(self, entry: _InFlight, slot: int) -> Settle:
         sub, d, job = entry.sub, entry.delivery, entry.job
-        label = f"[{sub.label}/{d.message_id}]"
+        timer = None
+        if sub.timeout is not None:
+            timer = self._watchdog.schedule(sub.timeout, partial(self._expire, entry))
         try:
-            job.payload = serde_for(d.content_type).loads(d.payload)
-        except Exception as exc:  # noqa: BLE001 - malformed bytes must not stop the worker
-            logger.error("%s malformed payload: %s", label, exc)
-            body = error_body(exc, "MalformedPayload")
-            return Settle(SettleKind.DEAD, d.position, d.token, error=body)
+            if self._processes is not None:
+                return self._run_in_child(entry, slot)
+            if self._loop is not None:
+                call = _deliver_async(sub, d, job)
+                try:
+                    return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+                except CancelledError as exc:  # the loop stopped (shutdown past the grace)
+                    return verdict(sub, d, exc)
+            return deliver(sub, d, job)
+        finally:
+            if timer is not None:
+                self._watchdog.cancel(timer)
+
+    def _run_in_child(self, entry: _InFlight, slot: int) -> Settle:
+        """Process pool: the slot's child runs ``deliver`` (``_deliver_in_child``); past the
+        group's ``hard_timeout`` it is killed, and the attempt fails like any other."""
+        assert self._processes is not None
+        sub, d, job = entry.sub, entry.delivery, entry.job
         try:
-            result = sub.func(job)
-            if inspect.isawaitable(result):
-                asyncio.run(_awaited(result))
-        except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill us
-            logger.warning(
-                "%s attempt %d/%d failed: %s: %s",
-                label,
-                d.attempt,
-                sub.max_attempts,
-                type(exc).__name__,
-                exc,
-            )
+            fields = self._processes.call(slot, f"{__name__}:_deliver_in_child", job,
+                                          astuple(d), sub.hard_timeout)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - HardTimeout, ChildDied: a failed attempt
+            logger.warning("[%s/%s] attempt %d/%d: the child process was stopped: %s",
+                           sub.label, d.message_id, d.attempt, sub.max_attempts, exc)  # fmt: skip
             return verdict(sub, d, exc)
-        return verdict(sub, d, None)
+        kind, position, token, retry_in, error = fields
+        return Settle(SettleKind(kind), position, token, retry_in, error)
+
+    @staticmethod
+    def _expire(entry: _InFlight) -> None:
+        """Past the subscriber's ``timeout``: ask the handler to stop (``job.is_cancelled()``),
+        as a job's soft timeout does; a thread cannot be stopped from outside."""
+        logger.warning("[%s/%s] past its %gs timeout; asking the handler to stop",
+                       entry.sub.label, entry.delivery.message_id, entry.sub.timeout)  # fmt: skip
+        entry.job.cancel_event.set()
 
     def _ack_loop(self) -> None:
         """Sends verdicts in batches, one call per group (as the job worker's acker): under
@@ -320,12 +366,18 @@ class SubscriberWorker:
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
         names = {"completed": "completed", "retrying": "retried", "failed": "dead",
                  "released": "released"}  # fmt: skip
+        counted: dict[str, int] = defaultdict(int)
         with self._cond:
             for (entry, _), outcome in zip(batch, outcomes, strict=True):
-                self.stats[names.get(str(outcome), "lost")] += 1
+                key = names.get(str(outcome), "lost")
+                self.stats[key] += 1
+                counted[key] += 1
                 if self._inflight.pop(self._key(entry), None) is not None:
                     self._free += 1
             self._cond.notify_all()
+        if self._tally is not None:
+            for key, n in counted.items():
+                self._tally.delivered(name, group, key, n)
 
     # -- heartbeat --------------------------------------------------------------------------
 
@@ -335,6 +387,7 @@ class SubscriberWorker:
             if time.monotonic() - last_check >= MISSED_CHECK:
                 last_check = time.monotonic()
                 self._check_missed()
+            self._register_quietly()
             with self._cond:
                 leases: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
                 for name, group, position, token in self._inflight:
@@ -357,6 +410,28 @@ class SubscriberWorker:
                                 entry.delivery.message_id,
                             )
                             entry.job.cancel_event.set()
+
+    def _register_quietly(self) -> None:
+        """The worker registry (the admin's Workers page, the API's workers list) lists a
+        subscriber worker with the groups it serves; a storage blip waits for the next beat."""
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": [],
+            "groups": [s.label for s in self.subscriptions],
+            "concurrency": self.concurrency,
+            "pool": self.pool,
+            "in_flight": len(self._inflight),
+            "started": self._started_ms,
+            "completed": self.stats["completed"],
+            "failed": self.stats["dead"],
+            **{k: v for k, v in self.stats.items() if k not in ("completed", "dead")},
+        }
+        try:
+            self.storage.register_worker(self.worker_id, info, int(self.lease))
+            self._beat_at = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the next heartbeat registers it
+            logger.warning("could not register subscriber worker %s: %s", self.worker_id, exc)
 
     def _check_missed(self) -> None:
         """Log when a served group fell (further) behind the retention: the messages it
@@ -387,22 +462,22 @@ class SubscriberWorker:
                 self._inflight.pop(self._key(entry))
         for entry in unstarted:
             self._release(entry)
-        with self._cond:
-            while self._inflight and not self._hurry.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(min(remaining, 0.5))
-            leftovers = list(self._inflight.values())
-            self._inflight.clear()
-        for entry in leftovers:
+        for entry in self._drain(deadline):
             entry.job.cancel_event.set()
             self._release(entry)
-        for _ in self._threads:
+        for _ in range(self.concurrency):
             self._work.put(None)
+        self._stop_pool()
         self._acks.put(None)
-        if self._acker.is_alive():
-            self._acker.join(10)
+        for thread in self._threads:
+            if thread.name == "jobq-subscriber-acker":
+                thread.join(10)
+        self._watchdog.stop()
+        try:
+            self._waiter.close()
+            self.storage.deregister_worker(self.worker_id)
+        except Exception as exc:  # noqa: BLE001 - its registration expires by itself
+            logger.warning("could not deregister subscriber worker %s: %s", self.worker_id, exc)
         logger.info("subscriber worker %s stopped: %s", self.worker_id, self.stats)
 
     def _release(self, entry: _InFlight) -> None:
@@ -415,5 +490,87 @@ class SubscriberWorker:
             logger.warning("could not release %s: %s", d.message_id, exc)
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+def _decode(sub: Subscription, d: Delivery, job: Job) -> Settle | None:
+    """Set ``job.payload``; a dead letter when the bytes cannot be decoded (never retried:
+    they will not decode better next time)."""
+    from .queue import serde_for
+
+    try:
+        job.payload = serde_for(d.content_type).loads(d.payload)
+    except Exception as exc:  # noqa: BLE001 - malformed bytes must not stop the worker
+        logger.error("[%s/%s] malformed payload: %s", sub.label, d.message_id, exc)
+        return Settle(
+            SettleKind.DEAD, d.position, d.token, error=error_body(exc, "MalformedPayload")
+        )
+    return None
+
+
+def _failed(sub: Subscription, d: Delivery, exc: BaseException) -> Settle:
+    logger.warning("[%s/%s] attempt %d/%d failed: %s: %s", sub.label, d.message_id, d.attempt,
+                   sub.max_attempts, type(exc).__name__, exc)  # fmt: skip
+    return verdict(sub, d, exc)
+
+
+def deliver(sub: Subscription, d: Delivery, job: Job) -> Settle:
+    """Run ``sub``'s handler on one delivery and return the verdict; never raises. An
+    ``async def`` handler runs on a private loop and is cancelled past ``sub.timeout``."""
+    bad = _decode(sub, d, job)
+    if bad is not None:
+        return bad
+    try:
+        result = sub.func(job)
+        if inspect.isawaitable(result):
+            asyncio.run(_awaited(result, sub.timeout))
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill us
+        return _failed(sub, d, exc)
+    return verdict(sub, d, None)
+
+
+async def _deliver_async(sub: Subscription, d: Delivery, job: Job) -> Settle:
+    """``deliver`` on the async pool's loop: a coroutine handler is awaited there (a plain one
+    runs in the loop's thread pool, so it cannot block the loop), cancelled past its soft
+    ``timeout`` (``TimeoutError``) or its ``hard_timeout`` (``HardTimeout``), whichever
+    comes first; either way the attempt fails and retries like any other failure."""
+    bad = _decode(sub, d, job)
+    if bad is not None:
+        return bad
+    coro = inspect.iscoroutinefunction(sub.func)
+    limits = [t for t in (sub.timeout if coro else None, sub.hard_timeout) if t is not None]
+    limit = min(limits) if limits else None
+    try:
+        call = sub.func(job) if coro else asyncio.to_thread(sub.func, job)
+        await asyncio.wait_for(call, limit)
+    except TimeoutError as exc:
+        job.cancel_event.set()
+        if sub.hard_timeout is not None and limit == sub.hard_timeout:
+            hard = HardTimeout(f"still running after the hard timeout of {sub.hard_timeout:g}s")
+            return _failed(sub, d, hard)
+        return _failed(sub, d, exc)
+    except BaseException as exc:  # noqa: BLE001 - includes a handler's CancelledError
+        return _failed(sub, d, exc)
+    return verdict(sub, d, None)
+
+
+def _deliver_in_child(args: tuple, report: Any, cancel_event: threading.Event) -> tuple:
+    """A process-pool child's side of ``_run_in_child`` (``pools/child.py`` calls it): the
+    child's own registry holds the same subscribers (its Django set-up autodiscovered them)."""
+    from .broadcast import subscribers
+
+    d = Delivery(*args)
+    sub = subscribers.get(d.broadcast, d.group)
+    if sub is None:
+        exc = ConfigurationError(f"no subscriber for {d.broadcast}:{d.group} in the child")
+        return astuple(Settle(SettleKind.DEAD, d.position, d.token, error=error_body(exc)))
+    job = Job(id=d.message_id, queue=d.broadcast, payload=None, attempt=d.attempt,
+              max_attempts=sub.max_attempts, token=d.token,
+              meta={"group": d.group, "published_at": d.published_at})  # fmt: skip
+    job.cancel_event = cancel_event
+    job.reporter = report
+    settle = deliver(sub, d, job)
+    return (settle.kind.value, settle.position, settle.token, settle.retry_in, settle.error)
+
+
+async def _awaited(awaitable: Any, timeout: float | None = None) -> Any:
+    """An ``async def`` subscriber runs on a loop of its own; past ``timeout`` it is cancelled
+    (a coroutine, unlike a thread, can be stopped from outside)."""
+    return await asyncio.wait_for(awaitable, timeout)

@@ -107,7 +107,8 @@ class JobQBackend(BaseTaskBackend):
         if not job_id or queue_name not in self.queues:
             raise TaskResultDoesNotExist(result_id)
         try:  # validated like every id at our edge: nothing odd reaches a storage key
-            record = self.queue(queue_name).storage.get_record(queue_name, validate_job_id(job_id))
+            home = self.queue(queue_name).locate(validate_job_id(job_id))  # sharded: its partition
+            record = home.storage.get_record(home.name, job_id)
         except JobQError as exc:
             raise TaskResultDoesNotExist(result_id) from exc
         if record is None or record.payload is None:

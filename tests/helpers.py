@@ -23,6 +23,20 @@ PATIENCE = 30.0
 PROCESS_START = 120.0
 
 
+def worker_ports(ports: range) -> range:
+    """This xdist worker's own slice of a test port range. A test that restarts its private
+    Redis frees the port for a moment; another worker scanning the same range from its start
+    took it then (a CI run failed so). Slices never overlap, so a freed port stays ours."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    size = len(ports) // max(count, 1)
+    if size < 1 or index >= count:
+        raise RuntimeError(f"{ports} is too small for {count} xdist workers")
+    start = ports.start + index * size
+    return range(start, start + size)
+
+
 def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> bool:
     """Bounded polling for test observations (never used by the product): returns as soon as
     ``predicate()`` holds, so a generous ``timeout`` costs a passing test nothing."""

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from django_jobq.storage.redis.connection import client_from_url
 
-from .helpers import wait_until
+from .helpers import wait_until, worker_ports
 
 # Ports of these private servers: nothing else on the machine uses them.
 _first, _, _last = os.environ.get("JOBQ_TEST_PRIVATE_PORTS", "7300-7319").partition("-")
-PORT_RANGE = range(int(_first), int(_last) + 1)
+PORT_RANGE = worker_ports(range(int(_first), int(_last) + 1))
 
 
 def free_port() -> int:

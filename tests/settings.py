@@ -1,10 +1,14 @@
 """Settings for the test suite: real Redis on loopback, SQLite for Django's own tables."""
 
+import json
 import os
 import tempfile
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
+# Loopback servers of the tests: uvicorn (tests/test_async_producers.py,
+# tests/api/test_event_stream.py) and runserver (the event stream).
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 USE_TZ = True
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -17,6 +21,7 @@ INSTALLED_APPS = [
     "tests.jobsapp",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 # The admin (tests/test_schedules.py drives the Schedule admin through the test client).
 ROOT_URLCONF = "tests.urls"
@@ -76,10 +81,17 @@ JOBQ = {
     "MIRROR": {
         "ENABLED": os.environ.get("JOBQ_TEST_MIRROR") == "1",
         "DATABASE_ALIAS": os.environ.get("JOBQ_TEST_MIRROR_ALIAS", "default"),
+        "CLAIM_IDLE": float(os.environ.get("JOBQ_TEST_MIRROR_CLAIM_IDLE", "60")),
     },
     # tests/test_mirror_processes.py: a small cap, so the stream is trimmed many times over.
     "EVENTS_MAXLEN": int(os.environ.get("JOBQ_TEST_EVENTS_MAXLEN", "100000")),
     "RETENTION_DAYS": None,
+    # tests/test_schedule_sync.py: schedules declared for subprocess reapers, as JSON.
+    "SCHEDULES": json.loads(os.environ.get("JOBQ_TEST_SCHEDULES", "{}")),
+    # tests/test_task_handles_processes.py: task names routed to other queues, as JSON.
+    "ROUTES": json.loads(os.environ.get("JOBQ_TEST_ROUTES", "{}")),
+    # tests/cluster/test_cluster_sharding.py: queue settings (shards) for subprocess workers.
+    "QUEUES": json.loads(os.environ.get("JOBQ_TEST_QUEUES", "{}")),
 }
 
 # Django's Tasks framework on django_jobq (tests/test_tasks_backend.py swaps the storage in).
@@ -98,4 +110,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.BasicAuthentication",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+# Swagger UI and Redoc from local static files (tests/test_admin_browser.py checks no page
+# refers to another host).
+SPECTACULAR_SETTINGS = {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }

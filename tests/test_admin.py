@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
+from django_jobq import rollup
 from django_jobq.admin import actions, listing
-from django_jobq.admin.charts import WINDOWS, _scale, quantile, throughput
+from django_jobq.admin.charts import WINDOWS, _scale, throughput
 from django_jobq.conf import get_storage
 from django_jobq.mirror import Mirror
 from django_jobq.models import Job, JobEvent, Schedule, WorkerInfo
@@ -91,6 +93,7 @@ def job_url(setup: Setup, job_id: str, *, act: str | None = None) -> str:
 
 
 CHANGELIST = "admin:django_jobq_job_changelist"
+CHANGE = "admin:django_jobq_job_change"
 
 
 # -- overview, queue page, workers -----------------------------------------------------------
@@ -128,9 +131,59 @@ def test_overview_counts_failure_handler_calls_not_done_yet(admin_client, jobq):
 
 def test_auto_refresh_takes_only_the_offered_periods(admin_client, jobq):
     url = reverse("admin:django_jobq_queueconfig_changelist")
-    assert b'http-equiv="refresh" content="10"' in admin_client.get(url, {"refresh": "10"}).content
+    page = admin_client.get(url, {"refresh": "10"}).content
+    assert b'data-jobq-every="10"' in page and b'http-equiv="refresh"' not in page  # in place
     for bad in ("1", "0", "-5", "abc"):
-        assert b'http-equiv="refresh"' not in admin_client.get(url, {"refresh": bad}).content
+        assert b'data-jobq-every="5"' in admin_client.get(url, {"refresh": bad}).content
+
+
+def test_overview_and_workers_answer_their_poll_with_the_rows_alone(admin_client, jobq):
+    jobq.queue.enqueue_many([(f"p{i}", i) for i in range(3)])
+    overview = reverse("admin:django_jobq_queueconfig_changelist")
+    polled = admin_client.get(overview, {"live": "1"})
+    assert polled["Content-Type"] == "application/json"
+    rows = polled.json()["html"]["jobq-queues-body"]
+    assert f'<tr data-queue="{Q}">' in rows and "<html" not in rows
+    unmasked = re.compile(r'name="csrfmiddlewaretoken" value="[^"]+"')  # masked anew per render
+    page = unmasked.sub("", admin_client.get(overview).content.decode())
+    assert unmasked.sub("", rows).strip() in page  # the page's own rows, Pause back to the page
+    jobq.storage.register_worker("w-poll", {"host": "h", "pid": 1, "queues": [Q]}, 60_000)
+    workers = admin_client.get(reverse("admin:django_jobq_workerinfo_changelist"), {"live": "1"})
+    assert "w-poll" in workers.json()["html"]["jobq-workers-body"]
+
+
+def test_queue_page_polls_its_row_and_charts_in_place_instead_of_reloading(admin_client, jobq):
+    jobq.queue.enqueue_many([(f"p{i}", i) for i in range(3)])
+    url = reverse("admin:django_jobq_queue_detail", args=[Q])
+    page = admin_client.get(url, {"refresh": "30"}).content.decode()
+    assert 'http-equiv="refresh"' not in page and 'data-jobq-every="30"' in page
+    assert 'id="jobq-updated"' in page and "jobq-live.js" in page
+    jobq.failed("f1")
+    polled = admin_client.get(url, {"live": "1"})
+    assert polled["Content-Type"] == "application/json" and "no-store" in polled["Cache-Control"]
+    html = polled.json()["html"]
+    cells = re.findall(r'<td class="num">(\d+)</td>', html["jobq-queue-body"])
+    assert cells[:1] == ["3"] and "<html" not in html["jobq-queue-body"]
+    assert 'id="jobq-retry-dead"' in html["jobq-queue-live"]  # the new dead letter's button
+    assert html["jobq-queue-live"].count("jobq-chart") >= 4  # the hour and the day, redrawn
+    assert "Last 30 days" not in html["jobq-queue-live"]  # drawn once, with the page
+
+
+def test_database_counts_stop_at_the_cap_and_say_so(admin_client, settings, monkeypatch):
+    """On the database backend the overview counts each (queue, state) up to the list's cap,
+    so a view costs the same on a million rows; a count at the cap reads "N+"."""
+    from django_jobq.admin import queues
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
+    monkeypatch.setattr(queues, "COUNT_CAP", 3)
+    Queue(Q).enqueue_many([(f"c{i}", i) for i in range(5)])
+    Queue(Q).enqueue("later", 1, delay=60_000)
+    page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
+    row = next(r for r in page.context["rows"] if r["name"] == Q)
+    assert str(row["counts"]["queued"]) == "3+" and row["counts"]["queued"] == 3
+    assert row["counts"]["scheduled"] == 1 and str(row["counts"]["scheduled"]) == "1"
+    assert '<td class="num">3+</td>' in page.content.decode()
+    assert row["oldest_age"] is not None  # "3+" queued still has an oldest waiting job
 
 
 def test_pause_needs_post_and_the_change_permission(client, jobq):
@@ -244,6 +297,28 @@ def test_job_list_count_stops_at_the_cap_and_says_so(admin_client, jobq, monkeyp
     page = admin_client.get(reverse(CHANGELIST))
     assert page.context["cl"].result_count == 3  # the cap plus one: "more than 2"
     assert b"The total is an estimate" in page.content
+    assert b"more than 2 jobs" in page.content
+
+
+def test_the_result_count_links_to_all_jobs_only_from_a_narrowed_list(admin_client, jobq):
+    jobq.queue.enqueue_many([(f"n{i}", i) for i in range(3)])
+    jobq.sync()
+    whole = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "3 jobs" in whole and 'id="jobq-show-all"' not in whole and "Show all" not in whole
+    for query in ("?q=n1", "?state__exact=queued"):
+        narrowed = admin_client.get(reverse(CHANGELIST) + query).content.decode()
+        assert '<a href="?" id="jobq-show-all">' in narrowed, query
+
+
+def test_api_docs_send_a_logged_out_visitor_to_log_in_and_redoc_uses_no_cdn(client):
+    for name in ("jobq-docs", "jobq-redoc"):
+        response = client.get(reverse(name))
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("admin:login") + "?next=")
+    User.objects.create_superuser("docs", password="pw")
+    client.login(username="docs", password="pw")
+    html = client.get(reverse("jobq-redoc")).content.decode()
+    assert "redoc.standalone.js" in html and "googleapis" not in html and "https://" not in html
 
 
 @pytest.mark.postgres
@@ -274,10 +349,26 @@ def test_job_page_shows_payload_error_traceback_and_timeline(admin_client, jobq)
     assert page.status_code == 200
     assert json.loads(page.context["payload"]) == {"n": "broken"}  # decoded
     assert "ValueError" in html and "Traceback: x" in html
-    kinds = [event.kind for event in page.context["events"]]
+    kinds = [event["kind"] for event in page.context["events"]]
     assert kinds[0] == "failed" and "active" in kinds
     names = [name for name, _, _ in page.context["actions"]]
-    assert names == ["retry", "requeue_dead", "delete"]
+    assert names == ["retry", "delete"]  # one way to run a failed job again, not two
+
+
+def test_an_error_made_without_raising_is_shown_once(admin_client, jobq):
+    """A flow parent's ChildFailed is never raised: its "traceback" is its headline again."""
+    from django_jobq.errors import ChildFailed
+    from django_jobq.execution import error_body
+
+    jobq.queue.enqueue("parent", {"n": 1}, max_attempts=1)
+    [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+    body = error_body(ChildFailed("1 of 2 children did not complete; kid failed: boom"))
+    jobq.storage.fail(Q, "parent", claimed.token, body, permanent=True)
+    html = admin_client.get(job_url(jobq, "parent")).content.decode()
+    assert html.count("1 of 2 children did not complete") == 1
+    assert 'id="jobq-traceback"' not in html
+    jobq.failed("raised")  # a real traceback keeps its box
+    assert 'id="jobq-traceback"' in admin_client.get(job_url(jobq, "raised")).content.decode()
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -379,10 +470,16 @@ def test_anonymous_users_are_sent_to_the_login_page(client, jobq):
 # -- chart arithmetic --------------------------------------------------------------------------
 
 
-def test_quantile_is_nearest_rank():
-    assert quantile([], 0.5) is None
-    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
-    assert quantile([float(i) for i in range(1, 101)], 0.95) == 95.0
+def test_histogram_quantile_is_nearest_rank_within_nine_percent():
+    assert rollup.quantile({}, 0.5) is None
+    values = [float(i) for i in range(1, 1001)]
+    histogram: dict[int, int] = {}
+    for value in values:
+        histogram[rollup.bucket_of(value)] = histogram.get(rollup.bucket_of(value), 0) + 1
+    for q in (0.5, 0.95, 0.99):
+        exact = values[int(q * len(values)) - 1]
+        assert abs(rollup.quantile(histogram, q) - exact) / exact < 0.09
+    assert rollup.quantile({rollup.bucket_of(0.2): 3}, 0.5) == 0.5
 
 
 def test_axis_bounds_are_round_numbers():
@@ -403,17 +500,60 @@ def test_throughput_buckets_by_finish_minute(settings):
         )  # fmt: skip
     Job.objects.create(queue=Q, job_id="old", state=JobState.COMPLETED, created_at=start,
                        finished_at=start - dt.timedelta(minutes=1))  # fmt: skip
+    rollup.fold("default", now)
     completed, failed = throughput("default", Q, window, now)
     assert completed.values[0] == 2 and completed.values[5] == 1
     assert sum(completed.values) == 3 and sum(failed.values) == 0
+
+
+def test_job_page_shows_the_newest_attempt_first_with_progress_collapsed(admin_client, jobq):
+    import time
+
+    from tests.helpers import wait_until
+
+    jobq.queue.enqueue("twice", {"n": 1}, max_attempts=2)
+    [first] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+    for step in range(5):
+        jobq.storage.report(Q, "twice", first.token, progress=json.dumps({"step": step}).encode())
+    jobq.storage.report(Q, "twice", first.token, log="first try, line 1")
+    jobq.storage.report(Q, "twice", first.token, log="first try, line 2")
+    jobq.storage.fail(Q, "twice", first.token, ERROR.encode(), retry_in=0)
+    # The next attempt starts on a later millisecond than the first one's last log line
+    # (lines carry only their time: that is how the page tells the attempts apart).
+    ended = int(time.time() * 1000)
+    assert wait_until(lambda: int(time.time() * 1000) > ended)
+    claimed: list = []
+    assert wait_until(lambda: bool(claimed.extend(jobq.storage.claim(Q, "w-2", 1, 30_000).jobs)
+                                   or claimed))  # fmt: skip
+    for step in range(3):
+        jobq.storage.report(Q, "twice", claimed[0].token, progress=str(step).encode())
+    jobq.storage.report(Q, "twice", claimed[0].token, log="second try")
+    jobq.storage.complete(Q, "twice", claimed[0].token, b"1")
+    page = admin_client.get(job_url(jobq, "twice"))
+    events = page.context["events"]
+    assert events[0]["kind"] == "completed" and events[0]["attempt"] == 2
+    assert events[0]["detail"].startswith("attempt 2 ran ")
+    collapsed = [(e["attempt"], e["count"]) for e in events if e["kind"] == "progress"]
+    assert collapsed == [(2, 3), (1, 5)]  # one row per attempt, newest first
+    assert [e["detail"] for e in events if e["kind"] == "active"] == [
+        "attempt 2 of 2",
+        "attempt 1 of 2",
+    ]
+    assert all(e["detail"] for e in events if e["kind"] != "queued"), events
+    groups = [(g["attempt"], g["first"], [line for _, _, line in g["lines"]])
+              for g in page.context["log_groups"]]  # fmt: skip
+    assert groups == [(2, 3, ["second try"]), (1, 1, ["first try, line 1", "first try, line 2"])]
+    html = page.content.decode()
+    assert html.index("attempt 2 (latest)") < html.index("first try, line 1")
+    assert '<ol start="3"><li><span class="jobq-ln">3</span>' in html and "progress ×5" in html
 
 
 def test_job_events_are_shown_newest_first(admin_client, jobq):
     jobq.completed("done")
     row = jobq.row("done")
     events = admin_client.get(job_url(jobq, "done")).context["events"]
-    assert events == sorted(events, key=lambda e: (e.at, e.id), reverse=True)
-    assert JobEvent.objects.filter(job=row).count() == len(events)
+    assert [e["at"] for e in events] == sorted((e["at"] for e in events), reverse=True)
+    assert JobEvent.objects.filter(job=row).count() == len(events)  # no progress to collapse
 
 
 @pytest.mark.redis
@@ -485,6 +625,28 @@ def test_job_pages_link_flow_parents_and_children_and_hide_the_envelope(admin_cl
     assert "hard_timeout: 9.0s" in timed.content.decode()
 
 
+def test_a_parked_flow_parent_reads_waiting_for_its_children(admin_client, jobq):
+    from django_jobq.flows import enqueue_flow, node
+
+    kids = [node(Q, f"kid-{n}", {"n": n}) for n in range(2)]
+    enqueue_flow(node(Q, "parked", {"r": 1}, children=kids), storage=jobq.storage)
+    url = job_url(jobq, "parked")
+    page = admin_client.get(url)
+    assert page.context["state_label"] == "waiting for 2 children"
+    assert ">waiting for 2 children</span>" in page.content.decode()
+    [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs  # one child finishes
+    jobq.storage.complete(Q, claimed.job_id, claimed.token, b"1")
+    jobq.sync()
+    assert admin_client.get(url).context["state_label"] == "waiting for 1 child"
+    pk = jobq.row("parked").pk
+    live = admin_client.get(reverse("admin:django_jobq_job_live", args=[pk])).json()
+    assert live["state"] == "scheduled" and live["label"] == "waiting for 1 child"
+    listing_html = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "waiting for children" in listing_html
+    jobq.queue.enqueue("later", 1, delay=60_000)  # an ordinary scheduled job stays "scheduled"
+    assert admin_client.get(job_url(jobq, "later")).context["state_label"] == "scheduled"
+
+
 # -- the mirror behind Redis -------------------------------------------------------------------
 
 
@@ -520,3 +682,111 @@ def test_overview_oldest_waiting_agrees_with_the_counts_and_banner_shows_lag(
     jobq.sync()
     page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
     assert page.context["mirror_banner"] is None
+
+
+def test_job_ids_are_found_by_their_beginning_and_reached_by_queue_and_id(admin_client, jobq):
+    for job_id in ("report-1", "report-2", "Report-3", "reporter", "report_a", "zz"):
+        jobq.queue.enqueue(job_id, 1)
+    jobq.sync()
+    url = reverse(CHANGELIST)
+
+    def ids(term: str) -> set[str]:
+        page = admin_client.get(url, {"q": term})
+        assert page.status_code == 200
+        return {job.job_id for job in page.context["cl"].result_list}
+
+    assert ids("report-") == {"report-1", "report-2"}  # case kept, "-" not a wildcard
+    assert ids("report") == {"report-1", "report-2", "reporter", "report_a"}
+    assert ids("report_") == {"report_a"}  # LIKE wildcards in the term are literal
+    assert ids("report-2") == {"report-2"}
+    assert ids("nothing") == set()
+    row = Job.objects.get(queue=Q, job_id="report-2")
+    link = reverse("admin:django_jobq_job_by_id", args=[Q, "report-2"])
+    page = admin_client.get(link)
+    assert page.status_code == 302 and page["Location"] == reverse(CHANGE, args=[row.pk])
+    assert (
+        admin_client.get(reverse("admin:django_jobq_job_by_id", args=[Q, "gone"])).status_code
+        == 404
+    )
+    # A job id pasted where the row id goes leads to the job's page.
+    page = admin_client.get(f"/admin/django_jobq/job/{'report-2'}/change/")
+    assert page.status_code == 302 and page["Location"] == reverse(CHANGE, args=[row.pk])
+    detail = admin_client.get(reverse(CHANGE, args=[row.pk]))
+    assert link.encode() in detail.content
+
+
+@pytest.mark.django_db(databases=["default", "pg"], transaction=True)
+@pytest.mark.parametrize("alias", ["default", "pg"])
+def test_id_prefix_is_exact_on_every_database(alias):
+    from django_jobq.admin.jobs import id_prefix
+
+    now = timezone.now()
+    ids = ["a-1", "a-2", "A-3", "a_", "ab", "a", "b", "a\U0010ffff", "a\ud7ffx", "a\ue000"]
+    Job.objects.using(alias).bulk_create(Job(queue=Q, job_id=i, created_at=now) for i in ids)
+    for term in ("a", "a-", "a_", "A", "a\U0010ffff", "a\ud7ff", "zz"):
+        found = set(id_prefix(Job.objects.using(alias), term).values_list("job_id", flat=True))
+        assert found == {i for i in ids if i.startswith(term)}, term
+
+
+def test_queue_level_retry_and_purge_of_all_dead_letters_in_chunks(
+    admin_client, client, jobq, monkeypatch
+):
+    from django_jobq.admin import deadletters
+
+    monkeypatch.setattr(deadletters, "CHUNK", 3)  # 7 dead letters: three chunks
+    for i in range(7):
+        jobq.failed(f"dead-{i}")
+    jobq.sync()
+    url = reverse("admin:django_jobq_queue_dead", args=[Q, "retry"])
+    page = admin_client.get(url)
+    assert page.status_code == 200 and b"<strong>7</strong> dead letter" in page.content
+    assert jobq.queue.count_dead() == 7  # a GET only asks
+    stopped = deadletters.run(Q, "retry", budget=0)
+    assert stopped.stopped_early and stopped.done == 0 and stopped.left == 7
+    page = admin_client.post(url, {"confirm": "yes"}, follow=True)
+    assert b"7 dead letter(s) requeued" in page.content
+    assert jobq.queue.count_dead() == 0
+    assert {jobq.state(f"dead-{i}") for i in range(7)} == {JobState.QUEUED}
+    for _ in range(7):
+        [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
+        jobq.storage.fail(Q, claimed.job_id, claimed.token, ERROR.encode(), permanent=True)
+    purge = reverse("admin:django_jobq_queue_dead", args=[Q, "purge"])
+    client.force_login(staff("viewer", "view_queueconfig"))
+    assert client.post(purge, {"confirm": "yes"}).status_code == 403
+    assert client.post(url, {"confirm": "yes"}).status_code == 403
+    assert jobq.queue.count_dead() == 7
+    page = admin_client.post(purge, {"confirm": "yes"})
+    assert b"7 dead letter(s) purged" in page.content and jobq.queue.count_dead() == 0
+    assert (
+        admin_client.get(reverse("admin:django_jobq_queue_dead", args=[Q, "x"])).status_code == 404
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "fraction"),
+    [
+        ({"step": 20, "of": 60}, 1 / 3), ({"done": 5, "total": 5}, 1.0), (0.25, 0.25),
+        (40, 0.4), ({"percent": 150}, 1.0), ({"step": 3, "of": 0}, None), ("halfway", None),
+        (True, None), (float("nan"), None), (-1, None), ({"step": "x", "of": 2}, None),
+        ({"n": 7, "max": 2}, 1.0), (None, None), ([1, 2], None),
+    ],
+)  # fmt: skip
+def test_progress_bars_read_the_common_shapes_and_nothing_else(value, fraction):
+    from django_jobq.admin.detail import progress_fraction
+
+    got = progress_fraction(value)
+    assert got == fraction if fraction is None else abs(got - fraction) < 1e-9
+
+
+def test_job_times_never_show_a_parked_due_date_or_a_negative_wait():
+    from django_jobq.admin.detail import _timing, due_at
+
+    t = timezone.now()
+    parked = Job(queue=Q, job_id="parent", created_at=t,
+                 run_at=dt.datetime(9000, 1, 1, tzinfo=dt.UTC))  # fmt: skip
+    assert due_at(parked) is None and _timing(parked) == []
+    parked.started_at = t + dt.timedelta(seconds=2)  # ran once its children finished
+    assert _timing(parked) == [("waited", "2s")]
+    retried = Job(queue=Q, job_id="again", created_at=t, run_at=t + dt.timedelta(seconds=9),
+                  started_at=t + dt.timedelta(seconds=1))  # fmt: skip
+    assert _timing(retried) == [("waited", "1s")]

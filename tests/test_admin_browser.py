@@ -204,3 +204,296 @@ def test_a_viewer_cannot_cancel(browser, live_server, jobs):
     assert page.locator("#jobq-pause-emails").count() == 0
     assert Job.objects.get(pk=pk).state == "queued"
     context.close()
+
+
+def test_a_running_jobs_progress_bar_moves_without_a_reload(browser, live_server, jobs, shots):
+    """The job page polls its live JSON: progress reported by the running attempt moves the
+    bar in place, and the state badge turns "completed" when the job ends."""
+    User.objects.create_superuser("ops", password="pw")
+    queue = Queue("live", storage=jobs)
+    queue.enqueue("render-1", {"pages": 60})
+    [claimed] = jobs.claim("live", "worker-a", 1, 600_000).jobs
+    assert jobs.report("live", "render-1", claimed.token, progress=b'{"step": 20, "of": 60}')
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    page.goto(f"{base}/admin/django_jobq/job/{row_pk('render-1')}/change/")
+    bar = page.locator("#jobq-progress-bar")
+    assert bar.get_attribute("aria-valuenow") == "33"
+    page.evaluate("window.jobqSamePage = true")  # gone if the page reloads
+    assert jobs.report("live", "render-1", claimed.token, progress=b'{"step": 45, "of": 60}')
+    page.wait_for_function(
+        "document.getElementById('jobq-progress-bar').getAttribute('aria-valuenow') === '75'"
+    )
+    assert page.evaluate("window.jobqSamePage") is True
+    assert '"step": 45' in page.locator("#jobq-progress").inner_text()
+    assert "updated" in page.locator("#jobq-updated").inner_text()
+    page.screenshot(path=shots / "job-running.png", full_page=False)
+    jobs.complete("live", "render-1", claimed.token, b'{"pages": 60}')
+    page.wait_for_function("document.getElementById('jobq-row-state').textContent === 'completed'")
+    assert page.evaluate("window.jobqSamePage") is True
+    context.close()
+
+
+OVERFLOWING = """() => [...document.querySelectorAll('#content table')].flatMap(t => {
+    const box = t.closest('.jobq-scroll, .results, .module, #content-main') || t.parentElement;
+    const over = t.getBoundingClientRect().right - box.getBoundingClientRect().right;
+    return over > 1 ? [`${t.id || t.className || 'table'}: ${Math.round(over)} px too wide`] : [];
+})"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_at_1366_px_with_the_menu_open_no_table_overflows_its_box(
+    browser, live_server, jobs, scheme, shots
+):
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 768}, color_scheme=scheme)
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    failed = Job.objects.filter(state="failed").order_by("-id").first()
+    assert failed is not None
+    for path in (
+        "/admin/django_jobq/queueconfig/",
+        "/admin/django_jobq/queueconfig/q/emails/",
+        "/admin/django_jobq/job/",
+        f"/admin/django_jobq/job/{failed.pk}/change/",
+        "/admin/django_jobq/workerinfo/",
+        "/admin/django_jobq/schedule/",
+    ):
+        page.goto(f"{base}{path}")
+        assert page.locator("#nav-sidebar").is_visible(), path  # the left menu is open
+        assert page.evaluate(OVERFLOWING) == [], path
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1366, (path, width)
+        if path == "/admin/django_jobq/job/":
+            page.screenshot(path=shots / f"jobs-1366-{scheme}.png", full_page=False)
+    context.close()
+
+
+def test_api_docs_load_nothing_from_other_hosts_and_ask_to_log_in(browser, live_server, shots):
+    """Swagger UI and Redoc work offline: every request the pages make (scripts, styles,
+    fonts, the schema) goes to this server. Logged out, the visitor is asked to log in
+    instead of reading "Failed to load API definition"."""
+    from urllib.parse import urlsplit
+
+    User.objects.create_superuser("docs", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    ours = {"", urlsplit(base).netloc}  # data: and blob: URLs have no host
+    elsewhere: set[str] = set()  # requests to other hosts the pages tried
+    blocked: set[str] = set()  # ... that the browser refused (the page's CSP)
+    page.on("request", lambda r: None if urlsplit(r.url).netloc in ours else elsewhere.add(r.url))
+    page.on(
+        "requestfailed",
+        lambda r: blocked.add(r.url) if r.failure == "csp" else None,  # Chromium's reason
+    )
+    page.goto(f"{base}/jobq/docs/")
+    page.wait_for_selector("#id_username")  # the admin's login page, not Swagger's failure
+    assert "Failed to load API definition" not in page.content()
+    page.fill("#id_username", "docs")
+    page.fill("#id_password", "pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector(".swagger-ui .opblock")  # back on Swagger UI, the schema loaded
+    assert "Failed to load API definition" not in page.content()
+    page.screenshot(path=shots / "api-swagger.png")
+    response = page.goto(f"{base}/jobq/redoc/")
+    html = response.text()
+    page.wait_for_selector("#redoc-container .api-content, redoc .api-content")
+    page.wait_for_load_state("networkidle")  # every request the page makes has ended
+    page.screenshot(path=shots / "api-redoc.png")
+    referenced = {urlsplit(url).netloc for url in _urls_in(html)}
+    assert referenced <= {"", urlsplit(base).netloc}, referenced
+    assert elsewhere <= blocked, elsewhere - blocked  # none reached another host
+    context.close()
+
+
+def _urls_in(html: str) -> list[str]:
+    """Every src/href of the page, and any absolute URL in its text (a preconnect, an
+    @import)."""
+    import re
+
+    attrs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)""", html)
+    return attrs + re.findall(r"https?://[^\s\"'<>)]+", html)
+
+
+LINE_NUMBERS_CLIPPED = """() => {
+    const box = document.getElementById('jobq-logs').getBoundingClientRect();
+    return [...document.querySelectorAll('#jobq-logs .jobq-ln')].filter(n => {
+        const r = n.getBoundingClientRect();
+        return r.left < box.left - 0.5 || n.scrollWidth > n.clientWidth + 0.5;
+    }).map(n => n.textContent);
+}"""
+
+
+def test_log_line_numbers_are_not_clipped_and_the_latest_attempt_is_on_top(
+    browser, live_server, jobs, shots
+):
+    User.objects.create_superuser("ops", password="pw")
+    ticks = iter(range(int(timezone.now().timestamp() * 1000), 1 << 62))
+    jobs = DatabaseStorage("default", clock=lambda: next(ticks))  # a millisecond per call
+    queue = Queue("chatty", storage=jobs)
+    queue.enqueue("long-1", {"pages": 200}, max_attempts=2)
+    [first] = jobs.claim("chatty", "worker-a", 1, 600_000).jobs
+    for n in range(120):
+        assert jobs.report("chatty", "long-1", first.token, log=f"first attempt, step {n}")
+    jobs.fail("chatty", "long-1", first.token, ERROR, retry_in=0)
+    [second] = jobs.claim("chatty", "worker-a", 1, 600_000).jobs
+    assert jobs.report("chatty", "long-1", second.token, log="second attempt, started")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    login(page, live_server.url, "ops")
+    page.goto(f"{live_server.url}/admin/django_jobq/job/{row_pk('long-1')}/change/")
+    headings = page.locator("#jobq-logs .jobq-log-attempt").all_inner_texts()
+    assert headings[0].startswith("attempt 2") and headings[-1].startswith("attempt 1")
+    assert page.locator("#jobq-logs li").first.inner_text().endswith("second attempt, started")
+    assert page.locator("#jobq-logs .jobq-ln").first.inner_text() == "100"  # the last 100 kept
+    assert page.evaluate(LINE_NUMBERS_CLIPPED) == []
+    page.screenshot(path=shots / "job-logs.png", full_page=False)
+    context.close()
+
+
+def test_overview_and_workers_pages_update_in_place(browser, live_server, jobs, shots):
+    """The overview's counts and the workers list follow the storage without a reload."""
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    page.goto(f"{base}/admin/django_jobq/queueconfig/?refresh=10")
+    queued = "document.querySelector('tr[data-queue=\"webhooks\"] td').textContent.trim()"
+    before = page.evaluate(queued)
+    page.evaluate("window.jobqSamePage = true")  # gone if the page reloads
+    Queue("webhooks", storage=jobs).enqueue_many([(f"hook-new-{n}", n) for n in range(7)])
+    page.wait_for_function(f"{queued} !== {before!r}")
+    assert int(page.evaluate(queued)) == int(before.replace("—", "0")) + 7
+    assert page.evaluate("window.jobqSamePage") is True
+    assert page.locator("#jobq-updated").inner_text().startswith("updated")
+    page.goto(f"{base}/admin/django_jobq/workerinfo/")
+    page.evaluate("window.jobqSamePage = true")
+    assert "worker-b" not in page.locator("#jobq-workers").inner_text()
+    jobs.register_worker("worker-b", {"host": "app-2", "pid": 77, "queues": ["emails"]}, 600_000)
+    page.wait_for_function(
+        "document.getElementById('jobq-workers').textContent.includes('worker-b')"
+    )
+    assert page.evaluate("window.jobqSamePage") is True
+    context.close()
+
+
+def test_the_queue_page_updates_in_place(browser, live_server, jobs, shots):
+    """The queue page's counts follow the storage without a reload (no meta refresh)."""
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    navigations = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.goto(f"{base}/admin/django_jobq/queueconfig/q/webhooks/")
+    assert page.locator("meta[http-equiv=refresh]").count() == 0
+    queued = "document.querySelector('#jobq-queue-body td').textContent.trim()"
+    before = page.evaluate(queued)
+    loaded = len(navigations)
+    page.evaluate("window.jobqSamePage = true")  # gone if the page reloads
+    Queue("webhooks", storage=jobs).enqueue_many([(f"hook-q-{n}", n) for n in range(5)])
+    page.wait_for_function(f"{queued} !== {before!r}")
+    assert int(page.evaluate(queued)) == int(before.replace("—", "0")) + 5
+    assert page.evaluate("window.jobqSamePage") is True and len(navigations) == loaded
+    assert page.locator("#jobq-updated").inner_text().startswith("updated")
+    assert page.locator("figure.jobq-chart").count() == 4  # the live windows, redrawn
+    context.close()
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page = phone.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    login(page, base, "ops")
+    page.goto(f"{base}/admin/django_jobq/queueconfig/q/emails/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 400
+    page.screenshot(path=shots / "queue-phone.png", full_page=True)
+    phone.close()
+
+
+def test_an_action_over_every_job_of_a_filter_confirms_and_goes_on_by_itself(
+    browser, live_server, jobs, shots, monkeypatch
+):
+    """Tick all, "Select all … matching this filter", Retry: a confirmation with the count and
+    the filter, then the run, one job per request here, going on by itself to the end."""
+    from django.contrib import admin as django_admin
+
+    from django_jobq.admin import filtered
+
+    monkeypatch.setattr(django_admin.site._registry[Job], "list_per_page", 4)
+    monkeypatch.setattr(filtered, "TIME_BUDGET", 0)  # one job per request: progress to see
+    failed = Job.objects.filter(queue="reports", state="failed").count()
+    assert failed > 4  # more than a page
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    page.goto(f"{base}/admin/django_jobq/job/?queue=reports&state__exact=failed")
+    page.check("#action-toggle")
+    page.click("#jobq-select-across")
+    page.select_option("select[name=action]", "retry_jobs")
+    page.screenshot(path=shots / "jobs-select-all.png", full_page=False)
+    page.click("button[name=index]")
+    page.wait_for_selector("#jobq-filter-count")
+    assert f"{failed} jobs match" in page.locator("#jobq-filter-count").inner_text()
+    assert "queue = reports" in page.locator("#jobq-filter").inner_text()
+    assert Job.objects.filter(queue="reports", state="failed").count() == failed  # only asked
+    page.screenshot(path=shots / "filter-confirm.png", full_page=True)
+    page.click("#jobq-filter-go")
+    page.wait_for_selector("#jobq-filter-progress:has-text('Working')")
+    page.screenshot(path=shots / "filter-progress.png", full_page=True)
+    page.wait_for_selector("#jobq-filter-progress:has-text('Finished')")
+    outcomes = page.locator("#jobq-filter-outcomes tbody").inner_text()
+    assert f"retried\t{failed}" in outcomes, outcomes
+    assert Job.objects.filter(queue="reports", state="failed").count() == 0
+    context.close()
+    asking = f"{base}/admin/django_jobq/job/filter/delete/?queue=emails&state__exact=completed"
+    for name, options in (
+        ("filter-confirm-dark.png", {"viewport": {"width": 1366, "height": 900},
+                                     "color_scheme": "dark"}),
+        ("filter-confirm-phone.png", {"viewport": {"width": 390, "height": 844},
+                                      "is_mobile": True}),
+    ):  # fmt: skip
+        other = browser.new_context(**options)
+        page = other.new_page()
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        login(page, base, "ops")
+        page.goto(asking)
+        assert "jobs match" in page.locator("#jobq-filter-count").inner_text()
+        assert page.evaluate("document.documentElement.scrollWidth") <= options["viewport"]["width"]
+        page.screenshot(path=shots / name, full_page=True)
+        other.close()
+
+
+def test_the_job_list_updates_in_place_but_keeps_ticked_rows(browser, live_server, jobs, shots):
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    page.goto(f"{base}/admin/django_jobq/job/?queue=emails&state__exact=queued")
+    page.evaluate("window.jobqSamePage = true")  # gone if the page reloads
+    assert "fresh-1" not in page.locator("#result_list").inner_text()
+    Queue("emails", storage=jobs).enqueue("fresh-1", {"to": "x@example.com"})
+    page.wait_for_function("document.getElementById('result_list').textContent.includes('fresh-1')")
+    assert page.evaluate("window.jobqSamePage") is True
+    page.locator("input.action-select").first.check()  # choosing rows: the list holds still
+    polls = "Number(document.getElementById('jobq-results-box').dataset.jobqPolls || 0)"
+    Queue("emails", storage=jobs).enqueue("fresh-2", {"to": "y@example.com"})
+    stored = page.evaluate(polls)
+    page.wait_for_function(f"{polls} >= {stored + 2}")  # a poll answered after fresh-2 stored
+    assert "fresh-2" not in page.locator("#result_list").inner_text()
+    assert page.locator("input.action-select:checked").count() == 1
+    context.close()

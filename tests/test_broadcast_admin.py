@@ -72,3 +72,31 @@ def test_a_view_only_user_sees_the_page_but_cannot_purge(client, bc):
     assert len(bc.dead_letters("billing")) == 1
     missing = reverse("admin:django_jobq_broadcast_group", args=[NAME, "nobody"])
     assert client.get(missing).status_code == 404
+
+
+def test_the_workers_page_lists_a_subscriber_worker_with_its_groups(admin_client, bc):
+    from django_jobq.broadcast import Subscription
+    from django_jobq.subscribers import SubscriberWorker
+
+    from .helpers import wait_until
+
+    subs = [Subscription(NAME, g, lambda job: None) for g in ("billing", "search")]
+    worker = SubscriberWorker(subs, storage=bc.storage, concurrency=1, lease=30_000, grace=0)
+    worker.start()
+    url = reverse("admin:django_jobq_workerinfo_changelist")
+    try:
+
+        def listed():
+            rows = admin_client.get(url).context["workers"]
+            return next((w for w in rows if w["worker_id"] == worker.worker_id), None)
+
+        assert wait_until(lambda: listed() is not None, 20)
+        row = listed()
+        assert row["groups"] == [[NAME, "billing"], [NAME, "search"]] and row["queues"] == []
+        html = admin_client.get(url).content.decode()
+        group_url = reverse("admin:django_jobq_broadcast_group", args=[NAME, "search"])
+        assert f'href="{group_url}">{NAME}:search</a>' in html
+    finally:
+        worker.stop(hurry=True)
+        assert worker.stopped.wait(20)
+    assert listed() is None  # deregistered

@@ -42,3 +42,44 @@ def test_a_scoped_scrape_sees_only_its_broadcasts(live_storage):
     found = scrape(live_storage, {"m-mine"})
     assert value(found, "jobq_broadcast_group_lag", broadcast="m-mine", group="g") == 0
     assert not any(dict(labels).get("broadcast") == "m-other" for _, labels in found)
+
+
+def test_delivery_counters_per_group_and_outcome(live_storage):
+    """Verdicts a subscriber worker sent, counted in its process: delivered (completed),
+    retried and dead per group; labels are names and a fixed outcome set only."""
+    from django_jobq.broadcast import Subscription
+    from django_jobq.metrics import tally
+    from django_jobq.metrics.broadcasts import DeliveryCollector
+    from django_jobq.subscribers import SubscriberWorker
+
+    from .helpers import wait_until
+
+    def fails(job):
+        raise RuntimeError("no")
+
+    tally.uninstall()
+    counted = tally.install()
+    bc = Broadcast("m-dl", storage=live_storage)
+    subs = [Subscription("m-dl", "ok", lambda job: None, start="earliest"),
+            Subscription("m-dl", "bad", fails, start="earliest", max_attempts=2, min_backoff=0,
+                         max_backoff=0)]  # fmt: skip
+    worker = SubscriberWorker(subs, storage=live_storage, concurrency=2, lease=5000, grace=0)
+    worker.start()
+    try:
+        bc.publish_many([("a", 1), ("b", 2), ("c", 3)])
+        assert wait_until(lambda: {s.group: s.dead for s in bc.status()}.get("bad") == 3, 30)
+        assert wait_until(lambda: worker.stats["completed"] == 3, 30)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(DeliveryCollector(counted))
+        found = samples(generate_latest(registry))
+        total = "jobq_broadcast_deliveries_total"
+        assert value(found, total, broadcast="m-dl", group="ok", outcome="completed") == 3
+        assert value(found, total, broadcast="m-dl", group="bad", outcome="retried") == 3
+        assert value(found, total, broadcast="m-dl", group="bad", outcome="dead") == 3
+        scoped = CollectorRegistry(auto_describe=False)
+        scoped.register(DeliveryCollector(counted, {"elsewhere"}))
+        assert not samples(generate_latest(scoped))
+    finally:
+        worker.stop(hurry=True)
+        assert worker.stopped.wait(20)
+        tally.uninstall()

@@ -182,7 +182,15 @@ def test_tasks_sent_by_celery_run_on_django_jobq(broker, celery_queue, storage, 
         with pytest.raises(Exception, match="expired"):
             expired.get(timeout=20)
 
-    # ... and from our storage: the Celery id is the job id.
+    # ... and from our storage: the Celery id is the job id. The result reaches Celery's
+    # backend before the worker's batched verdict reaches the storage: wait for the verdicts.
+    def settled(queue: str, job_id: str) -> bool:
+        record = storage.get_record(queue, job_id)
+        return record is not None and record.state.value in ("completed", "failed")
+
+    for queue, job_id in [("tests.celery.add", sent[0].id), ("tests.celery.explode", boom.id),
+                          ("tests.celery.add", expired.id)]:  # fmt: skip
+        assert wait_until(lambda q=queue, j=job_id: settled(q, j)), (queue, job_id)
     record, value = result_of(storage, "tests.celery.add", sent[0].id)
     assert record.state is JobState.COMPLETED and value == 100
     record = storage.get_record("tests.celery.add", later.id)

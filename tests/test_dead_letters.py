@@ -147,3 +147,17 @@ def test_jobq_dead_command_lists_shows_retries_and_purges(settings, redis_prefix
     assert queue.count_dead() == 0 and queue.get_status("c1").state is JobState.QUEUED
     with pytest.raises(CommandError):
         call_command("jobq_dead", "retry", Q)  # neither ids nor --all
+
+
+def test_jobs_failed_back_to_back_list_newest_first(setup):
+    """Many failures within one millisecond: the list still reads in the reverse of their
+    order (a score of whole milliseconds tied them, and the tie broke by id)."""
+    queue, _, _ = setup
+    ids = [f"b{i:02d}" for i in range(40)]
+    # Ids whose alphabetical order is the reverse of their failure order would hide a tie.
+    ids.reverse()
+    for job_id in ids:
+        queue.enqueue(job_id, {"n": 0}, max_attempts=1)
+        claimed = queue.storage.claim(Q, "w", 1, 5000).jobs[0]
+        queue.storage.fail(Q, claimed.job_id, claimed.token, b'{"type": "E", "message": ""}')
+    assert [d.job_id for d in queue.dead_letters(limit=100)] == ids[::-1]

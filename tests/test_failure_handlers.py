@@ -280,3 +280,18 @@ def test_jobq_dead_calls_lists_pending_calls_with_their_last_error(settings, red
     assert "2 failure-handler call(s) pending" in captured.err
     call_command("jobq_dead", "list", Q)
     assert "2 dead letter(s), 2 failure-handler call(s) pending" in capsys.readouterr().err
+
+
+def test_a_failure_handler_backoff_of_its_own_calls_it_again_after_that(run_worker, queue):
+    """The worker's failure_backoff is a minute: only the handler's own fixed backoff of a
+    twentieth of a second brings the second and third calls within the test's patience."""
+    from django_jobq.tasks import Backoff
+
+    recorder = Recorder(failures=2)
+    registry = HandlerRegistry()
+    registry.register(Q, handle, on_failure=recorder, failure_backoff=Backoff.fixed(0.05))
+    run_worker(registry)
+    queue.enqueue("own-backoff", {"n": 3, "permanent": True})
+    assert wait_until(lambda: len(recorder.calls) == 3)
+    assert [job.tries for _, job, _, _ in recorder.calls] == [1, 2, 3]
+    assert wait_until(lambda: queue.count_failure_calls() == 0)

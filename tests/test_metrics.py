@@ -72,6 +72,26 @@ def test_storage_gauges_after_a_known_workload(live_storage):
     assert not any(dict(labels).get("job_id") for _, labels in found)  # never a job label
 
 
+def test_a_claim_tells_how_long_each_job_waited(storage, clock):
+    """What the wait histogram is fed: ms from the enqueue, or from the due time when later,
+    to the claim, by the storage's clock, on every backend."""
+    q = Queue("m-wait", storage=storage)
+    q.enqueue("now", 1)
+    q.enqueue("delayed", 2, delay=1000)
+    clock.advance(1500)  # "now" waited 1.5 s; "delayed" was due after 1 s: waited 0.5 s
+    waited = {c.job_id: c.waited_ms for c in storage.claim("m-wait", "w1", 5, 60_000).jobs}
+    assert waited == {"now": 1500, "delayed": 500}
+    # A retry waits from its backoff's due time, not from the first enqueue.
+    q.enqueue("again", 3)
+    (claimed,) = storage.claim("m-wait", "w1", 1, 60_000).jobs
+    assert claimed.waited_ms == 0
+    clock.advance(100)
+    storage.fail("m-wait", claimed.job_id, claimed.token, b"{}", retry_in=2000)
+    clock.advance(2000 + 300)  # due 2 s after the failure; claimed 0.3 s after that
+    (retried,) = storage.claim("m-wait", "w1", 1, 60_000).jobs
+    assert (retried.job_id, retried.attempt, retried.waited_ms) == ("again", 2, 300)
+
+
 def test_oldest_waiting_is_zero_for_an_empty_queue_and_grows_while_one_waits(live_storage):
     q = Queue("m-age", storage=live_storage)
     assert value(scrape_storage(live_storage, ["m-age"]),
@@ -229,3 +249,31 @@ def test_a_staff_session_may_scrape_and_a_plain_user_may_not(served, client,
     assert response.status_code == 200
     assert value(samples(response.content), "jobq_queue_jobs", queue="m-view-a",
                  state="queued") == 2  # fmt: skip
+
+
+def test_a_sharded_queue_is_reported_once_under_its_logical_name(live_storage, metrics):
+    """Its partitions' gauges are summed (oldest waiting: the oldest of any partition) and the
+    process counters of jobs claimed from partitions are folded into the logical name."""
+    from django_jobq.metrics.tally import current
+    from django_jobq.sharding import partition_names
+
+    q = Queue("m-shard", storage=live_storage, shards=3)
+    q.enqueue_many([(f"s{i}", i) for i in range(9)])
+    names = partition_names("m-shard", 3)
+    assert sum(live_storage.counts(n)["queued"] for n in names) == 9
+    assert len([n for n in names if live_storage.counts(n)["queued"]]) >= 2  # really spread
+    found = scrape_storage(live_storage, names)
+    assert value(found, "jobq_queue_jobs", queue="m-shard", state="queued") == 9
+    assert value(found, "jobq_queue_oldest_waiting_seconds", queue="m-shard") >= 0
+    assert value(found, "jobq_queue_paused", queue="m-shard") == 0
+    assert not any(dict(labels).get("queue", "").startswith("m-shard~") for _, labels in found)
+
+    for name in names:
+        current().started(name, 2, [5, 5])
+    folded = samples(generate_latest(metrics))
+    started = [
+        v for (name, labels), v in folded.items()
+        if name == "jobq_jobs_started_total" and dict(labels)["queue"] == "m-shard"
+    ]  # fmt: skip
+    assert started == [6]
+    assert not any(dict(labels).get("queue", "").startswith("m-shard~") for _, labels in folded)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from django_jobq import JobFailed
+from django_jobq import JobFailed, JobState
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -82,3 +83,37 @@ def test_a_taken_metrics_port_stops_the_worker_with_a_clear_error(tmp_path, redi
         finally:
             spawn.stop_all()
     assert "metrics endpoint" in Path(proc.log_path).read_text()
+
+
+def test_worker_endpoint_histograms_how_long_jobs_waited(redis_client, redis_prefix, tmp_path):
+    """Four jobs wait in a paused queue at least ``HELD`` seconds (a lower bound the test makes
+    happen, not a speed); two more are enqueued once the worker is idle. The worker's wait
+    histogram counts all six, the held four above ``HELD``."""
+    held = 2.5
+    spawn = Spawner(tmp_path, {"JOBQ_TEST_PREFIX": redis_prefix,
+                               "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3")})  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    echo = Queue("tests-echo", storage=storage)
+    echo.pause()
+    enqueued = time.time()
+    echo.enqueue_many([(f"held{i}", i) for i in range(4)])
+    try:
+        worker = spawn("runworker", "tests-echo", "-c", "4", "--metrics-port", "0", log="worker")
+        log = Path(worker.log_path)
+        assert wait_until(lambda: endpoint(log) is not None, 30), log.read_text()
+        url = endpoint(log)
+        assert wait_until(lambda: time.time() - enqueued > held, 30)
+        echo.resume()
+        assert wait_until(lambda: echo.counts()[JobState.COMPLETED] == 4, 30)
+        for i in range(2):
+            assert echo.enqueue_and_wait(f"idle{i}", i, timeout=30)["echo"] == i
+        found = scrape(url)
+    finally:
+        spawn.stop_all()
+    labels = {"queue": "tests-echo", "handler": ECHO}
+    assert value(found, "jobq_job_wait_seconds_count", **labels) == 6
+    assert value(found, "jobq_job_wait_seconds_bucket", le="+Inf", **labels) == 6
+    # The held four waited longer than `held`: no more than the two others under it.
+    assert value(found, "jobq_job_wait_seconds_bucket", le="2.5", **labels) <= 2
+    assert value(found, "jobq_job_wait_seconds_sum", **labels) >= 4 * held
+    assert not any(dict(labels_).get("job_id") for _, labels_ in found)

@@ -237,3 +237,46 @@ def test_mirrored_rows_name_the_queue_handler(redis_storage, alias):
     redis_storage.enqueue("tests-echo", NewJob("h", b"1", JobOptions()))
     mirror.drain()
     assert Job.objects.using(alias).get(job_id="h").handler == "tests.jobsapp.jobs.echo"
+
+
+# -- FinalRows: a row written final is not re-read for older events, but is for newer ones ---
+
+
+def test_a_job_retried_after_its_row_was_written_final_is_mirrored_again(
+    redis_storage, mirror, alias
+):
+    mirror.queues()
+    enqueue(redis_storage, "a", max_attempts=1)
+    job = redis_storage.claim(Q, "worker-1", 1, 30_000).jobs[0]
+    redis_storage.fail(Q, job.job_id, job.token, b'{"type": "ValueError", "message": "x"}')
+    mirror.drain()  # written final (failed): its later events are judged by the finish time
+    assert Job.objects.using(alias).get(queue=Q, job_id="a").state == "failed"
+    redis_storage.retry(Q, "a")  # a new life, after the finish: read and written again
+    mirror.drain()
+    assert Job.objects.using(alias).get(queue=Q, job_id="a").state == "queued"
+    run_one(redis_storage)
+    mirror.drain()
+    row = Job.objects.using(alias).get(queue=Q, job_id="a")
+    assert row.state == "completed"
+    kinds = list(JobEvent.objects.using(alias).filter(job=row).values_list("kind", flat=True))
+    assert kinds == ["queued", "active", "failed", "retried", "active", "completed"]
+
+
+def test_events_of_a_job_already_written_final_only_add_their_event_rows(
+    redis_storage, mirror, alias, monkeypatch
+):
+    mirror.queues()
+    enqueue(redis_storage, "a")
+    run_one(redis_storage)  # queued, active, completed: all in the stream before a read
+    first = redis_storage.read_group([Q], "jobq-mirror", "m1", count=1)  # only 'queued'
+    mirror._apply(first)  # the record read now is final: the row is written completed
+    reads: list[list[str]] = []
+    original = redis_storage.get_records
+    monkeypatch.setattr(redis_storage, "get_records",
+                        lambda q, ids: reads.append(list(ids)) or original(q, ids))  # fmt: skip
+    mirror.drain()
+    assert reads == [[]]  # active and completed happened before the finish: no record read
+    row = Job.objects.using(alias).get(queue=Q, job_id="a")
+    assert row.state == "completed"
+    kinds = list(JobEvent.objects.using(alias).filter(job=row).values_list("kind", flat=True))
+    assert kinds == ["queued", "active", "completed"]

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from django_jobq.job import JobOptions, NewJob
 from django_jobq.mirror import GROUP, Mirror
@@ -235,3 +238,92 @@ def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
     Job.objects.using(db_alias).filter(job_id="a").delete()
     reaper.check_mirror()
     assert rows(db_alias) == {"a": "queued"}
+
+
+# -- the stream is bounded by what the mirror acknowledged ---------------------------------------
+
+_examples = iter(range(10**6))
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("enqueue"), st.integers(1, 250)),
+        st.tuples(st.just("read"), st.integers(1, 300)),  # delivered, not written (in flight)
+        st.tuples(st.just("mirror"), st.just(0)),
+        st.tuples(st.just("trim"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@examples(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(ops=OPS)
+def test_the_stream_is_trimmed_to_what_the_mirror_acknowledged_never_past_it(
+    storage, db_alias, ops
+):
+    queue = f"trim-{next(_examples)}"  # a fresh queue (stream, group, rows) per example
+    mirror = Mirror(storage, queues=[queue], using=db_alias, consumer="m1")
+    mirror.queues()
+    key = storage.keys(queue).events
+    ids: list[str] = []
+    for op, n in ops:
+        if op == "enqueue":
+            new = [f"j{len(ids) + i}" for i in range(n)]
+            storage.enqueue_many(queue, [NewJob(i, b"{}", JobOptions()) for i in new])
+            ids += new
+        elif op == "read":
+            storage.read_group([queue], GROUP, "m1", count=n)
+        elif op == "mirror":
+            mirror.drain()
+        else:
+            storage.trim_read_events(queue)
+        # Whatever happened, nothing the group has not acknowledged is gone from the stream.
+        pending = storage.client.xpending_range(key, GROUP, min="-", max="+", count=10_000)
+        present = {e[0] for e in storage.client.xrange(key)}
+        assert all(p["message_id"] in present for p in pending)
+        assert not storage.events_lost(queue, GROUP)
+    # Restarted (as after a failed batch): re-reads what it had in flight, writes the rest.
+    Mirror(storage, queues=[queue], using=db_alias, consumer="m1").drain()
+    got = dict(Job.objects.using(db_alias).filter(queue=queue).values_list("job_id", "state"))
+    assert got == {i: "queued" for i in ids}
+    assert storage.group_backlog(queue, GROUP) == (0, None)
+    storage.trim_read_events(queue)
+    # All acknowledged: at most one partly read node of entries is left (MINID ~ trims whole
+    # nodes, 100 entries each by default), however many were added.
+    assert storage.client.xlen(key) <= 100
+
+
+def test_a_running_mirror_keeps_the_stream_near_its_backlog(storage, mirror, db_alias):
+    enqueue(storage, *[f"j{i:04}" for i in range(1200)])
+    assert storage.client.xlen(storage.keys(Q).events) == 1200
+    mirror.drain()  # writes, acknowledges, trims
+    assert storage.client.xlen(storage.keys(Q).events) <= 100
+    assert len(rows(db_alias)) == 1200
+
+
+def test_a_gap_is_said_in_health_and_the_admin_banner(
+    redis_client, redis_prefix, db_alias, settings
+):
+    from rest_framework.test import APIClient
+
+    from django_jobq.admin.common import mirror_banner
+    from django_jobq.mirror_check import recent_gaps
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "REDIS_URL": settings.REDIS_URL,
+                     "PREFIX": redis_prefix,
+                     "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix, events_maxlen=10)
+    storage.register_queue(Q)  # as the Queue API does: health lists the queues it knows
+    mirror = Mirror(storage, queues=[Q], using=db_alias, consumer="m1", gap_check_interval=0)
+    mirror.queues()
+    assert recent_gaps(storage) == []
+    assert APIClient().get("/jobq/health").json()["mirror_gaps"] == []
+    enqueue(storage, *[f"j{i:03}" for i in range(300)])  # far past the cap: a gap
+    mirror.run_once()
+    [gap] = recent_gaps(storage)
+    assert (gap["queue"], gap["rows"]) == (Q, 300) and "trimmed" in gap["why"]
+    [said] = APIClient().get("/jobq/health").json()["mirror_gaps"]
+    assert (said["queue"], said["rows"]) == (Q, 300)
+    banner = mirror_banner()
+    assert banner is not None and Q in banner and "re-read" in banner
+    assert recent_gaps(storage, within=0) == []  # reported for a while, not forever

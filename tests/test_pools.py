@@ -184,6 +184,9 @@ def test_a_batch_handler_gets_many_jobs_and_each_ends_on_its_own(run, storage, p
     # the first claim then takes ten jobs, one handler call's worth. A worker whose children
     # start one by one meanwhile claims one job per child that is up.
     assert wait_until(lambda: worker._free == worker.concurrency, 60)
+    # An idle worker sizes its claim-on-wake-up when it starts to wait: one that began while a
+    # child was still starting asks for nine, until its next idle round (idle_timeout, 1 s).
+    assert wait_until(lambda: worker.idle_claim == worker.concurrency, 60)
     queue.resume()
     assert wait_until(lambda: queue.counts()[JobState.COMPLETED] == 25, 60), queue.counts()
     results = [queue.get_result(f"b{i}").value for i in range(25)]

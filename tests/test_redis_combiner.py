@@ -29,7 +29,8 @@ def storage(redis_client, redis_prefix):
 
 
 def slow_calls(storage: RedisStorage, delay: float, fail_batches: bool = False) -> list[int]:
-    """Record the number of jobs in each enqueue call; optionally refuse combined calls."""
+    """Record the number of jobs in each enqueue call (a lone job's goes packed, see
+    ``Scripts.call_packed``); optionally refuse combined calls."""
     sizes: list[int] = []
     real = storage.scripts.call
 
@@ -42,7 +43,16 @@ def slow_calls(storage: RedisStorage, delay: float, fail_batches: bool = False) 
                 raise RedisConnectionError("injected: connection lost")
         return real(name, keys, args)
 
+    real_packed = storage.scripts.call_packed
+
+    def call_packed(name, packed, arguments):  # a lone job's call, already packed
+        if name == "enqueue_one":
+            sizes.append(1)
+            time.sleep(delay)
+        return real_packed(name, packed, arguments)
+
     storage.scripts.call = call  # type: ignore[method-assign]
+    storage.scripts.call_packed = call_packed  # type: ignore[method-assign]
     return sizes
 
 

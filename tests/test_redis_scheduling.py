@@ -192,6 +192,31 @@ def test_dedup_keys_with_a_ttl_are_collected_by_redis(storage, redis_client):
     assert redis_client.pttl(k.dedup("s")) == -1  # held until the holder finishes
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_a_delayed_job_due_before_every_scheduled_one_wakes_idle_workers(
+    storage, redis_client, many
+):
+    """An idle worker blocks until the earliest due time its last claim saw: a job due before
+    it must leave a wake-up marker, a later one none (a marker costs every idle worker a claim)."""
+    k = storage.keys(Q)
+
+    def put(*jobs: NewJob) -> int:
+        redis_client.delete(k.wake)
+        if many:
+            storage.enqueue_many(Q, list(jobs))
+        else:
+            for one in jobs:
+                storage.enqueue(Q, one)
+        return redis_client.llen(k.wake)
+
+    assert put(job("a", delay=60_000)) == 1  # the first scheduled job
+    assert put(job("b", delay=120_000)) == 0  # due after "a": the worker wakes for "a" first
+    assert put(job("c", delay=30_000)) == 1  # due before "a"
+    assert put(job("d", delay=90_000), job("e", delay=10_000)) == 1  # "e" is the earliest
+    assert put(job("f", delay=500_000), job("g", delay=400_000)) == 0
+    assert [c.job_id for c in storage.claim(Q, "w1", 10, LEASE).jobs] == []
+
+
 def test_a_concurrency_capped_claim_sets_a_flag_instead_of_waking_and_a_verdict_wakes(
     storage, redis_client
 ):

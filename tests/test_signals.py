@@ -179,3 +179,26 @@ def test_a_job_handed_back_at_shutdown_finishes_released(live_storage, recorder)
     assert w.stopped.wait(20)
     finished = recorder.of("job_finished", "held")
     assert [(k["outcome"], k["worker_id"]) for k in finished] == [("released", "sig-stopper")]
+
+
+def test_verdicts_without_a_listener_are_not_signalled(q, worker, monkeypatch):
+    """With receivers on job_failed only (the metrics listen to job_cancelled only, the same
+    way), a completion is not put through the signal path at all, a failure is signalled to
+    its receiver, and job_finished, which nobody listens to, is never sent."""
+    sent, failed = [], []
+    real_send = signals.send
+    monkeypatch.setattr(signals, "send", lambda s, *a, **k: (sent.append(NAMES[s]),
+                                                             real_send(s, *a, **k)))  # fmt: skip
+
+    def on_failed(sender, **kwargs):
+        failed.append(kwargs["job_id"])
+
+    signals.job_failed.connect(on_failed, weak=False, dispatch_uid="test-failed-only")
+    try:
+        assert q.enqueue_and_wait("quiet", {"x": 1}, timeout=20) == {"x": 1}
+        with pytest.raises(JobFailed):
+            q.enqueue_and_wait("loud", {"fail": "permanent"}, timeout=20)
+        assert wait_until(lambda: failed == ["loud"], 10)
+    finally:
+        signals.job_failed.disconnect(dispatch_uid="test-failed-only")
+    assert [n for n in sent if n not in ("job_enqueued", "job_started")] == ["job_failed"]

@@ -114,6 +114,25 @@ def test_without_a_tracer_provider_jobs_stay_plain(live_storage):
     assert live_storage.get_record("traced", "plain").content_type == "json"
 
 
+def test_an_sdk_provider_without_a_span_processor_costs_nothing(live_storage):
+    """Installed but exporting nowhere: no span is made, jobs stay plain; once a processor is
+    added, tracing starts (checked per call, not cached at start-up)."""
+    provider = TracerProvider()
+    tracing.use_provider(provider)
+    try:
+        assert not tracing.active()
+        q = Queue("traced", storage=live_storage)
+        q.enqueue("unexported", {"a": 1})
+        assert live_storage.get_record("traced", "unexported").content_type == "json"
+        provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        assert tracing.active()
+        q.enqueue("exported", {"a": 1})
+        assert live_storage.get_record("traced", "exported").content_type == "json+env"
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+
+
 def test_with_a_provider_the_context_travels_in_the_envelope(live_storage, exporter):
     q = Queue("traced", storage=live_storage)
     q.enqueue("carried", {"a": 1})

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_jobq import JobFailed, tracing
+from django_jobq.flows import enqueue_flow, node
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -72,3 +73,73 @@ def test_worker_spans_are_children_of_the_producer_span(redis_client, redis_pref
     for span in failed:
         assert span["parent_id"] == producers["tf1"].context.span_id
         assert (span["status"], span["events"]) == ("ERROR", ["exception"])
+
+
+def test_a_flow_is_one_trace_and_a_parent_links_its_children(redis_client, redis_prefix,
+                                                              tmp_path, exporter):  # fmt: skip
+    """``enqueue_flow`` under a request span: one ``send flow`` span, a ``send`` span per job
+    under it, each attempt (in a real worker) a child of its job's ``send``, and the parent's
+    attempt linked to its children's ``send`` spans."""
+    exported = tmp_path / "spans.jsonl"
+    spawn = Spawner(tmp_path, {"JOBQ_TEST_PREFIX": redis_prefix,
+                               "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3"),
+                               "JOBQ_TEST_OTEL_LOG": str(exported)})  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    tracer = tracing._tracer()
+    flow = node("tests-echo", "fparent", {"p": 1},
+                children=[node("tests-echo", "fkid1", {"k": 1}),
+                          node("tests-echo", "fkid2", {"k": 2})])  # fmt: skip
+    try:
+        spawn("runworker", "tests-echo", log="worker")
+        with tracer.start_as_current_span("request") as request:
+            enqueue_flow(flow, storage=storage)
+        assert wait_until(lambda: len(worker_spans(exported)) >= 3, 60)
+    finally:
+        spawn.stop_all()
+    mine = {s.name: s for s in exporter.get_finished_spans() if s.name != "send tests-echo"}
+    sends = {s.attributes["messaging.message.id"]: s for s in exporter.get_finished_spans()
+             if s.name == "send tests-echo"}  # fmt: skip
+    flow_span = mine["send flow tests-echo"]
+    assert flow_span.parent.span_id == request.get_span_context().span_id
+    assert set(sends) == {"fparent", "fkid1", "fkid2"}
+    assert {s.parent.span_id for s in sends.values()} == {flow_span.context.span_id}
+    trace_id = request.get_span_context().trace_id
+    consumers = {c["attributes"]["messaging.message.id"]: c for c in worker_spans(exported)}
+    assert set(consumers) == {"fparent", "fkid1", "fkid2"}
+    for job_id, span in consumers.items():
+        assert span["trace_id"] == trace_id
+        assert span["parent_id"] == sends[job_id].context.span_id
+    assert sorted(consumers["fparent"]["links"]) == sorted(
+        [trace_id, sends[k].context.span_id] for k in ("fkid1", "fkid2")
+    )
+    assert consumers["fkid1"]["links"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit_carries_the_context_of_the_call_not_of_the_commit(
+    redis_client, redis_prefix, tmp_path, exporter
+):
+    """The commit runs after the request span ended: the job's attempt is still in the
+    request's trace, under the ``send`` span made at the call."""
+    from django.db import transaction
+
+    exported = tmp_path / "spans.jsonl"
+    spawn = Spawner(tmp_path, {"JOBQ_TEST_PREFIX": redis_prefix,
+                               "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3"),
+                               "JOBQ_TEST_OTEL_LOG": str(exported)})  # fmt: skip
+    echo = Queue("tests-echo", storage=RedisStorage(redis_client, prefix=redis_prefix))
+    try:
+        spawn("runworker", "tests-echo", log="worker")
+        with transaction.atomic():
+            with tracing._tracer().start_as_current_span("request") as request:
+                echo.enqueue_on_commit("oc1", {"n": 1})
+            assert echo.get_status("oc1") is None  # not sent before the commit
+        assert wait_until(lambda: len(worker_spans(exported)) >= 1, 60)
+    finally:
+        spawn.stop_all()
+    (send,) = [s for s in exporter.get_finished_spans() if s.name == "send tests-echo"]
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert send.attributes["jobq.on_commit"] is True
+    (attempt,) = worker_spans(exported)
+    assert attempt["trace_id"] == request.get_span_context().trace_id
+    assert attempt["parent_id"] == send.context.span_id

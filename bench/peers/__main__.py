@@ -40,8 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = ROOT / "bench" / "peers"
 VENVS = HERE / ".venv"
 PEERS = ("celery", "rq", "dramatiq", "arq", "bullmq")
+# ``--db postgres``: the database-backed peers against django_jobq's database backend, each
+# system in a PostgreSQL database of its own (bench/peers/pg.py).
+DB_PEERS = ("procrastinate", "django_tasks_db")
 NAMES = {"celery": "Celery", "rq": "RQ", "dramatiq": "Dramatiq", "arq": "arq",
-         "bullmq": "BullMQ", "jobq": report.REFERENCE}  # fmt: skip
+         "bullmq": "BullMQ", "procrastinate": "Procrastinate",
+         "django_tasks_db": "Django Tasks (django-tasks-db)", "jobq": report.REFERENCE}  # fmt: skip
 # The drain and request/response sizes are bench/core.py's; the enqueue figures are rates that
 # settle within a few thousand calls, so they use fewer jobs than bench/core.py (20,000 and
 # 100,000) to keep the slowest peers' rounds short.
@@ -108,6 +112,9 @@ def run_workload(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PEERBENCH_REDIS_URL": opts.redis_url,
            "JOBQ_BENCH_REDIS_URL": opts.redis_url,
            "JOBQ_BENCH_SQLITE": str(log_dir / "jobq-bench.sqlite3")}  # fmt: skip
+    if opts.db:  # django_jobq's database backend, in a database named like the peers'
+        env |= {"JOBQ_PEER_DB": opts.db, "PEERBENCH_PG_PREFIX": opts.pg_prefix,
+                "JOBQ_BENCH_PG_DB": f"{opts.pg_prefix}jobq"}  # fmt: skip
     if system == "jobq":
         command = [str(python), "-m", "bench.peers.jobq_peer", *wl_args]
     else:
@@ -166,19 +173,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer jobs, one round (smoke run)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds, median reported (3)")
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset")
+    parser.add_argument("--peers", help="comma-separated subset (default: every peer)")
+    parser.add_argument(
+        "--db", choices=("postgres",), help="database peers against django_jobq's database backend"
+    )
+    parser.add_argument("--pg-prefix", default="test_jobq_peers_",
+                        help="--db: each system's database is PREFIX<system>")  # fmt: skip
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5",
                         help="database flushed before every workload (not db 0)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--out", type=Path, help="default results.json (results-db.json: --db)")
     parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "benchmarks-peers.png")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     opts = parser.parse_args(argv)
     opts.rounds = opts.rounds or (1 if opts.quick else 3)
     opts.sizes = QUICK if opts.quick else FULL
-    opts.peers = [p for p in opts.peers.split(",") if p]
-    unknown = set(opts.peers) - set(PEERS)
+    known = DB_PEERS if opts.db else PEERS
+    opts.peers = [p for p in (opts.peers or ",".join(known)).split(",") if p]
+    unknown = set(opts.peers) - set(known)
     if unknown:
-        parser.error(f"unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
+        parser.error(f"unknown peer(s) {sorted(unknown)}; known: {', '.join(known)}")
+    opts.out = opts.out or HERE / ("results-db.json" if opts.db else "results.json")
+    opts.no_chart = opts.no_chart or bool(opts.db)  # the chart draws the Redis comparison
     db = (urlparse(opts.redis_url).path or "/0").lstrip("/") or "0"
     if db == "0":
         parser.error("--redis-url must name a database other than 0: it is flushed")
@@ -202,8 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             log(f"round {round_index + 1}/{opts.rounds}: {', '.join(NAMES[s] for s in order)} "
                 f"(load average {loads[-1]:.1f})")  # fmt: skip
             for system in order:
+                drains = (1,) if opts.db else DRAIN_PROCESSES
                 for workload, processes in [("enqueue_one", 1), ("enqueue_bulk", 1),
-                                            *(("drain", p) for p in DRAIN_PROCESSES),
+                                            *(("drain", p) for p in drains),
                                             ("rr", 1)]:  # fmt: skip
                     record = run_workload(system, pythons[system], workload, processes, opts,
                                           Path(tmp))  # fmt: skip

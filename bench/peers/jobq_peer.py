@@ -19,6 +19,7 @@ at the end, as in bench/core.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 from importlib.metadata import version
@@ -32,11 +33,14 @@ from bench.peers.common import parse_args
 # request/response worker.
 DRAIN_CONCURRENCY = {1: 128, 4: 32}
 RR_CONCURRENCY = 8
+DB_DRAIN_CONCURRENCY = 64  # database backend: one runworker process
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("JOBQ_PEER_DB"):
+        return run_database(args, os.environ["JOBQ_PEER_DB"])
     prefix = f"jobqbench-{uuid.uuid4().hex[:10]}"
     core.setup_django(prefix)
     client = core.redis_client()
@@ -78,6 +82,42 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         core.delete_matching(client, core.run_pattern(prefix))
     result["settings"] = settings
     return result
+
+
+def run_database(args: Any, db: str) -> dict[str, Any]:
+    """``python -m bench.peers --db postgres``: the same workloads on the database backend,
+    measured by bench/core_db.py's functions (one worker process for the drain)."""
+    from bench import core_db
+
+    core_db.setup(db)
+    core_db.reset()
+    settings: dict[str, Any] = {
+        "backend": f"database ({db})",
+        "drain_concurrency": DB_DRAIN_CONCURRENCY,
+        "rr_worker_concurrency": RR_CONCURRENCY,
+        "bulk": "Queue.enqueue_many, 1,000 jobs per call",
+        "measured_by": "bench/core_db.py",
+    }
+    result: dict[str, Any] = {"system": "django_jobq", "version": version("django-jobq"),
+                              "workload": args.workload, "settings": settings}  # fmt: skip
+    if args.workload == "enqueue_one":
+        got = core_db.measure_enqueue_one(args.jobs)
+        return result | {"value": got["per_s"], "unit": "jobs/s", "jobs": got["jobs"]}
+    if args.workload == "enqueue_bulk":
+        got = core_db.measure_enqueue_bulk(args.jobs, args.chunk)
+        return result | {"value": got["per_s"], "unit": "jobs/s", "jobs": got["jobs"],
+                         "chunk": got["chunk"]}  # fmt: skip
+    if args.workload == "drain":
+        tag = f"peers-{uuid.uuid4().hex[:6]}"
+        got = core_db.measure_drain(args.jobs, DB_DRAIN_CONCURRENCY, tag, args.log_dir)
+        return result | {"workload": "drain_1", "value": got["per_s"], "unit": "jobs/s",
+                         "jobs": got["jobs"], "processes": 1, "seconds": got["seconds"],
+                         "startup_s": got["startup_s"],
+                         "steady_per_s": got["steady_per_s"]}  # fmt: skip
+    got = core_db.measure_rr(args.jobs, args.warmup, RR_CONCURRENCY, args.log_dir)
+    return result | {"value": got["p50"], "unit": "ms", "p50_ms": got["p50"], "p99_ms": got["p99"],
+                     "mean_ms": got["mean"], "max_ms": got["max"], "calls": got["calls"],
+                     "warmup": got["warmup"]}  # fmt: skip
 
 
 def main() -> None:

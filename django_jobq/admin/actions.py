@@ -12,8 +12,9 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import helpers
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from ..errors import InvalidOption
 from ..errors import ValidationError as RefusedInput
@@ -24,6 +25,23 @@ from .common import CANCEL_PERM, CHANGE_PERM, DELETE_PERM, RETRY_PERM, has_mirro
 
 #: A bulk action acts on at most this many jobs per confirmation (each is one storage call).
 MAX_BULK = 1000
+#: List parameters that do not narrow the set: page, sort, the poll's flag, "show all".
+NOT_FILTERS = ("p", "o", "live", "all", "_changelist_filters")
+
+
+def filter_query(params: QueryDict) -> str:
+    """The list's query string without what does not narrow it (page, sort, poll)."""
+    query = params.copy()
+    for key in NOT_FILTERS:
+        query.pop(key, None)
+    return query.urlencode()
+
+
+def over_a_filter_url(name: str, params: QueryDict) -> str:
+    """The page of an action over every job the list's filter matches (filtered.py)."""
+    query = filter_query(params)
+    url = reverse("admin:django_jobq_job_filter_action", args=[name])
+    return f"{url}?{query}" if query else url
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,9 @@ class ActionSpec:
     run: Callable[[Job, dict[str, Any]], tuple[bool, str]]
     explain: str
     needs_priority: bool = False
+    #: The states it can change, when it may run over a whole filter of the list (any
+    #: number of jobs, filtered.py); empty: a selection only.
+    over_a_filter: tuple[JobState, ...] = ()
 
 
 def _cancel(job: Job, _: dict[str, Any], *, force: bool = False) -> tuple[bool, str]:
@@ -93,6 +114,10 @@ ACTIONS: dict[str, ActionSpec] = {
         "Cancel", CANCEL_PERM, "cancel", _cancel,
         "Waiting jobs are cancelled and never run; running jobs are asked to stop (their "
         "handler sees job.is_cancelled()) and end cancelled.",
+        over_a_filter=(
+            JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING, JobState.BLOCKED,
+            JobState.ACTIVE,
+        ),
     ),
     "force_cancel": ActionSpec(
         "Cancel and kill", CANCEL_PERM, "cancel", _force_cancel,
@@ -102,15 +127,18 @@ ACTIONS: dict[str, ActionSpec] = {
     "retry": ActionSpec(
         "Retry", RETRY_PERM, "retry", _retry,
         "Failed or cancelled jobs are queued again with attempts reset.",
+        over_a_filter=(JobState.FAILED, JobState.CANCELLED),
     ),
     "requeue_dead": ActionSpec(
         "Requeue dead letter", RETRY_PERM, "retry", _requeue_dead,
         "Failed jobs leave the dead-letter list and are queued again.",
+        over_a_filter=(JobState.FAILED,),
     ),
     "delete": ActionSpec(
         "Delete record", DELETE_PERM, "delete", _delete,
         "Finished jobs (completed, failed, cancelled) are deleted now instead of at their "
         "result TTL; their ids can be used again. Waiting and running jobs are kept.",
+        over_a_filter=(JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
     ),
     "run_now": ActionSpec(
         "Run now", CHANGE_PERM, "change", _run_now,
@@ -176,10 +204,19 @@ def bulk_action(name: str) -> Callable[..., HttpResponse | None]:
     spec = ACTIONS[name]
 
     def action(admin: Any, request: HttpRequest, queryset: Any) -> HttpResponse | None:
+        across = request.POST.get("select_across") == "1"
+        if across and spec.over_a_filter:
+            # "Select all N jobs matching this filter": the run over the filter, any size,
+            # chunked (filtered.py), from the list's own filters and search.
+            return HttpResponseRedirect(over_a_filter_url(name, request.GET))
         jobs = list(queryset.defer("payload", "result", "logs", "progress")[: MAX_BULK + 1])
         if len(jobs) > MAX_BULK:
+            wider = ", ".join(a.label for a in ACTIONS.values() if a.over_a_filter)
             admin.message_user(
-                request, f"Select at most {MAX_BULK} jobs per action.", messages.ERROR
+                request,
+                f"Select at most {MAX_BULK} jobs per action; {wider} can take every job "
+                "matching the filter (tick all, then 'Select all … matching this filter').",
+                messages.ERROR,
             )
             return None
         extra, error = parse_extra(spec, request.POST)

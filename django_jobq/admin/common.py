@@ -13,14 +13,15 @@ import json
 import logging
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
+from django.template.loader import render_to_string
 from django.utils import timezone
 
 from .. import permissions as ops
 from ..conf import get_storage, jobq_settings
 from ..permissions import PERMISSIONS
 from ..queue import Queue, get_queue, serde_for
-from ..validation import validate_queue_name
+from ..sharding import collapse, members, validate_physical_queue_name
 
 logger = logging.getLogger("django_jobq.admin")
 
@@ -47,7 +48,8 @@ def has_mirror() -> bool:
 
 def mirror_banner() -> str | None:
     """The warning shown on the admin's job pages while the rows are more than
-    ``MIRROR["LAG_WARNING"]`` seconds behind Redis, or while the mirror has set jobs aside;
+    ``MIRROR["LAG_WARNING"]`` seconds behind Redis, for an hour after the mirror lost events
+    and re-read a queue (a gap), or while the mirror has set jobs aside;
     None when the rows are current (or are the state: database backend)."""
     from .. import mirror_check
     from ..models import MirrorReject
@@ -56,8 +58,11 @@ def mirror_banner() -> str | None:
         return None
     conf = jobq_settings()["MIRROR"]
     try:
-        lag, backlog = mirror_check.lag(get_storage(), queue_names())
+        storage = get_storage()
+        lag, backlog = mirror_check.lag(storage, physical_queue_names())
         rejected = MirrorReject.objects.using(jobs_alias()).count() if lag is not None else 0
+        gaps = mirror_check.recent_gaps(storage) if lag is not None else []
+        sampled = mirror_check.sampled_queues(storage) if lag is not None else []
     except Exception as exc:  # Redis down: the pages say so where they read it
         logger.warning("mirror lag not readable: %s", exc)
         return None
@@ -68,17 +73,45 @@ def mirror_banner() -> str | None:
             "written yet): lists and history may be out of date; live counts and job states "
             "come from Redis."
         )
+    if gaps:
+        names = ", ".join(sorted({str(g["queue"]) for g in gaps}))
+        parts.append(
+            f"The mirror lost events before writing them and re-read these queues from Redis "
+            f"in the last hour: {names} ({gaps[0]['why']}). Their rows are current again; a "
+            "job that finished and expired meanwhile keeps its last mirrored state."
+        )
+    for mode in sampled:
+        since = dt.datetime.fromtimestamp(mode["since"], tz=dt.UTC)
+        counts = ", ".join(f"{n} {state}" for state, n in mode["counts"].items() if n)
+        parts.append(
+            f"The mirror shows counts and a sample for queue {mode['queue']} since "
+            f"{since:%Y-%m-%d %H:%M:%S} UTC ({mode['why']}): its rows are a sample of its "
+            f"jobs, not all of them; Redis counts {counts or 'no jobs'}."
+        )
     if rejected:
         parts.append(f"{rejected} jobs could not be written to the rows (see Mirror rejects).")
     return " ".join(parts) or None
 
 
 def queue_for(name: str) -> Queue:
-    """The Queue API object for a queue name taken from a URL or a row (validated first)."""
-    return get_queue(validate_queue_name(name))
+    """The Queue API object for a queue name taken from a URL or a row (validated first; a
+    row of a sharded queue names its partition, which is then acted on directly)."""
+    return get_queue(validate_physical_queue_name(name))
+
+
+def rows_of(name: str) -> list[str]:
+    """The physical queues whose rows belong to queue ``name`` (a sharded queue: all its
+    partitions, old ones included)."""
+    return members(name, physical_queue_names()) or [name]
 
 
 def queue_names() -> list[str]:
+    """Every queue as users name it: a sharded queue's partitions appear as their logical
+    queue (``sharding.collapse``). What rows are filtered by is ``physical_queue_names``."""
+    return collapse(physical_queue_names())
+
+
+def physical_queue_names() -> list[str]:
     """Every queue the storage knows, plus configured ones that saw no job yet. With the
     storage unreachable, the configured and recorded ones: the pages still open and show
     the error where live figures were asked for."""
@@ -142,3 +175,26 @@ def duration(ms: float | None) -> str:
 
 def can(request: HttpRequest, perm: str) -> bool:
     return bool(request.user.has_perm(perm))
+
+
+#: How often the overview and the workers page poll their rows (seconds) unless the
+#: page's ``?refresh=N`` asks for one of the offered periods.
+LIVE_EVERY = 5
+
+
+def live_rows(
+    request: HttpRequest, parts: dict[str, str], context: dict[str, Any]
+) -> JsonResponse | None:
+    """The answer to a page's own poll (``?live=1``): its table rows rendered by the partial
+    templates the page includes, by element id, for jobq-live.js to put in place. Rendering
+    the same partials keeps the polled rows identical to a reload (escaping, links, CSRF
+    tokens of the row forms); None when the request is not a poll."""
+    if request.GET.get("live") != "1":
+        return None
+    query = request.GET.copy()
+    query.pop("live")
+    # Row forms (Pause) send the operator back to the page, not to its poll.
+    page = request.path + (f"?{query.urlencode()}" if query else "")
+    context = {**context, "page_path": page}
+    html = {eid: render_to_string(name, context, request=request) for eid, name in parts.items()}
+    return JsonResponse({"html": html}, headers={"Cache-Control": "no-store"})

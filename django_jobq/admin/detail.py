@@ -3,6 +3,7 @@ relatives, and the actions this user may take on it now."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.db.models import Q
@@ -38,7 +39,10 @@ ACTION_STATES = {
     },
     "force_cancel": {JobState.ACTIVE},
     "retry": {JobState.FAILED, JobState.CANCELLED},
-    "requeue_dead": {JobState.FAILED},
+    # Not offered on the job page: on a failed job it is what Retry does (queued again,
+    # attempts reset, out of the dead letters), and two buttons for one outcome make the
+    # operator wonder which is right. The job list keeps it as a bulk action.
+    "requeue_dead": set(),
     "delete": {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED},
     "run_now": {JobState.SCHEDULED, JobState.RETRYING},
     "priority": {JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING},
@@ -48,7 +52,9 @@ ACTION_STATES = {
 def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
     live, live_error = _live_status(job)
     payload, meta = envelope.unwrap(job.content_type, decode_blob(job.payload, job.content_type))
+    state = str(live.state.value if live is not None else job.state)
     return {
+        "state_label": state_label(job, state, meta),
         "title": f"Job {job.job_id}",
         "opts": admin.model._meta,
         "job": job,
@@ -57,16 +63,197 @@ def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
         "mirror": has_mirror(),
         "payload": pretty(payload),
         "settings": {k: meta[k] for k in ("timeout", "hard_timeout") if k in meta},
+        # A task function's job (@task): the name it is dispatched by, from the envelope, so
+        # the database backend's rows (whose handler column names the queue's) show it too.
+        "task": meta.get("task") if isinstance(meta.get("task"), str) else None,
         "result": _result(job),
         "error": job.error if isinstance(job.error, dict) else None,
+        "traceback": error_traceback(job.error),
         "progress": None if job.progress is None else pretty(job.progress),
-        "logs": [(ms_to_datetime(at), line) for at, line in (job.logs or [])],
-        "events": list(job.events.using(jobs_alias()).order_by("-at", "-id")[:TIMELINE_LIMIT]),
+        "progress_percent": _percent(progress_fraction(job.progress)),
+        "live_url": reverse("admin:django_jobq_job_live", args=[job.pk]),
+        **history(job),
         "timing": _timing(job),
+        "due": due_at(job),
+        "parked": is_parked(job),
         "related": related(job, meta),
         "actions": _actions(request, job, live.state if live is not None else None),
         "mirror_banner": mirror_banner(),
     }
+
+
+def error_traceback(error: Any) -> str | None:
+    """The traceback worth a box of its own, or None: an error made without raising (a flow
+    parent's ``ChildFailed``, a timeout) has a "traceback" of one line, its headline again."""
+    if not isinstance(error, dict) or not isinstance(error.get("traceback"), str):
+        return None
+    text = error["traceback"].strip()
+    if not text or "\n" not in text and text.endswith(str(error.get("message", ""))):
+        return None
+    return text
+
+
+def progress_fraction(value: Any) -> float | None:
+    """How far a job is, 0..1, from the progress shapes handlers report: a fraction
+    (``0.4``), a percentage (``40``), or a mapping with a count and a total
+    (``{"step": 20, "of": 60}``, ``{"done": 2, "total": 5}``); None for anything else
+    (free-form status), which the page shows as text only."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        number = float(value)
+        if not math.isfinite(number) or number < 0:
+            return None
+        return min(1.0, number if number <= 1 else number / 100)
+    if isinstance(value, dict):
+        done = next((value[k] for k in DONE_KEYS if _number(value.get(k))), None)
+        total = next((value[k] for k in TOTAL_KEYS if _number(value.get(k))), None)
+        if done is not None and total:
+            return max(0.0, min(1.0, float(done) / float(total)))
+        percent = value.get("percent")
+        if isinstance(percent, int | float) and _number(percent):
+            return max(0.0, min(1.0, float(percent) / 100))
+    return None
+
+
+DONE_KEYS = ("step", "done", "current", "n", "completed", "count")
+TOTAL_KEYS = ("of", "total", "steps", "max")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else round(fraction * 100, 1)
+
+
+#: Event kinds a running job repeats many times: one summary row per attempt each.
+CHATTY_KINDS = ("progress", "log")
+
+
+def history(job: Job) -> dict[str, Any]:
+    """The job's timeline and log lines, both by attempt and newest attempt first: a job
+    retried five times shows its last try on top, not below the 300 lines of its first. An
+    attempt starts at an "active" event; the log lines (which carry only their time) go to
+    the attempt running at that time. Progress and log events collapse into one row per
+    attempt (a job reporting every second would otherwise bury its transitions)."""
+    newest = job.events.using(jobs_alias()).order_by("-at", "-id")[:TIMELINE_LIMIT]
+    events = list(reversed(list(newest)))
+    starts: list[Any] = [event.at for event in events if event.kind == "active"]
+    rows: list[dict[str, Any]] = []
+    attempt, started = 0, None
+    if len(events) == TIMELINE_LIMIT:  # the oldest attempts fell off: count back from the last
+        attempt = max(0, job.attempts - len(starts))
+    chatty: dict[str, dict[str, Any]] = {}  # kind -> its summary row in this attempt
+    for event in events:
+        if event.kind == "active":
+            attempt, started, chatty = attempt + 1, event.at, {}
+        if event.kind in CHATTY_KINDS:
+            row = chatty.get(event.kind)
+            if row is None:
+                row = chatty[event.kind] = {"kind": event.kind, "attempt": attempt, "count": 0,
+                                            "first": event.at, "worker": event.worker}  # fmt: skip
+                rows.append(row)
+            row["count"] += 1
+            row["at"] = event.at
+            noun = "update" if event.kind == "progress" else "line"
+            span = duration((event.at - row["first"]).total_seconds() * 1000)
+            row["detail"] = f"{row['count']} {noun}{'s' if row['count'] > 1 else ''} over {span}"
+            continue
+        detail = _event_detail(job, event, attempt, started)
+        rows.append({"kind": event.kind, "attempt": attempt, "at": event.at,
+                     "worker": event.worker, "detail": detail})  # fmt: skip
+    logs = [(ms_to_datetime(at), line) for at, line in (job.logs or [])]
+    groups: list[dict[str, Any]] = []
+    starts = [start for start in starts if start is not None]
+    first_shown = max(0, job.attempts - len(starts)) if len(events) == TIMELINE_LIMIT else 0
+    for number, (at, line) in enumerate(logs, 1):
+        which = (sum(1 for start in starts if start <= at) + first_shown) or None
+        if not groups or groups[-1]["attempt"] != which:
+            groups.append({"attempt": which, "first": number, "lines": []})
+        groups[-1]["lines"].append((number, at, line))
+    return {"events": rows[::-1], "log_groups": groups[::-1], "logs": logs}
+
+
+def _event_detail(job: Job, event: Any, attempt: int, started: Any) -> str:
+    """What the DETAIL column says of one transition: the event's own detail when the storage
+    gave one, else what the page knows (the attempt, how long it ran, the final error)."""
+    if event.detail not in (None, "", {}, []):
+        return event.detail if isinstance(event.detail, str) else pretty(event.detail)
+    if event.kind == "active":
+        return f"attempt {attempt} of {job.max_attempts}"
+    ran = ""
+    if started is not None and attempt and event.kind in ("completed", "failed", "retrying"):
+        ran = f"attempt {attempt} ran {duration((event.at - started).total_seconds() * 1000)}"
+    return ran
+
+
+def state_label(job: Job, state: str, meta: dict[str, Any] | None = None) -> str:
+    """What the state badge says: the state, except for a flow parent parked until its
+    children finish, which is "scheduled" only in the storage's terms (for the year 9000).
+    ``meta`` is the job's envelope, read from the payload when not given."""
+    if state != JobState.SCHEDULED or not is_parked(job):
+        return state
+    if meta is None:
+        if "payload" in job.get_deferred_fields() or job.payload is None:  # the job list
+            return "waiting for children"
+        meta = envelope.unwrap(job.content_type, decode_blob(job.payload, job.content_type))[1]
+    waiting = children_waiting(meta)
+    if waiting is None:
+        return "waiting for children"
+    return f"waiting for {waiting} child{'' if waiting == 1 else 'ren'}"
+
+
+def is_parked(job: Job) -> bool:
+    return job.run_at is not None and job.run_at.year >= PARKED_YEAR
+
+
+#: Children counted per query when a parent's page counts those still unfinished.
+CHILD_CHUNK = 500
+
+
+def children_waiting(meta: dict[str, Any]) -> int | None:
+    """How many of a flow parent's children have not finished, from their rows (a child
+    without a row yet counts as waiting); None when the envelope names no children."""
+    flow = meta.get("flow")
+    refs = flow.get("children") if isinstance(flow, dict) else None
+    if not isinstance(refs, list) or not refs:
+        return None
+    keys = [(str(r[0]), str(r[1])) for r in refs if isinstance(r, list) and len(r) == 2]
+    finished = 0
+    alias = jobs_alias()
+    for start in range(0, len(keys), CHILD_CHUNK):
+        match = Q()
+        for queue, job_id in keys[start : start + CHILD_CHUNK]:
+            match |= Q(queue=queue, job_id=job_id)
+        rows = Job.objects.using(alias).filter(match, state__in=FINISHED_STATES)
+        finished += rows.count()
+    return len(keys) - finished
+
+
+def live(job: Job) -> dict[str, Any]:
+    """What the job page updates in place (polled by jobq-live.js): the storage's current
+    status, so that on Redis a running job's progress moves before the mirror writes it."""
+    status, error = _live_status(job)
+    if status is None:
+        progress, state, attempts, worker = job.progress, job.state, job.attempts, job.worker
+    else:
+        progress, state = status.progress, status.state.value
+        attempts, worker = status.attempts, status.worker
+    return {
+        "state": str(state),
+        "label": state_label(job, str(state)),
+        "attempts": attempts,
+        "worker": worker or "",
+        "progress": None if progress is None else pretty(progress),
+        "percent": _percent(progress_fraction(progress)),
+        "error": error,
+        "finished": str(state) in FINISHED_STATES,
+    }
+
+
+FINISHED_STATES = {s.value for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)}
 
 
 def _live_status(job: Job) -> tuple[Any, str | None]:
@@ -85,10 +272,27 @@ def _result(job: Job) -> str | None:
     return pretty(decode_blob(job.result, job.content_type))
 
 
+#: A flow parent waiting for its children is parked with a due time in year 9000 or later:
+#: a marker, not a date to show or to count a wait from.
+PARKED_YEAR = 9000
+
+
+def due_at(job: Job) -> Any:
+    """When the job is (was) due to run, or None: not set, or a parked flow parent."""
+    if job.run_at is None or job.run_at.year >= PARKED_YEAR:
+        return None
+    return job.run_at
+
+
 def _timing(job: Job) -> list[tuple[str, str]]:
-    since = job.run_at if job.run_at and job.run_at > job.created_at else job.created_at
+    due = due_at(job)
+    since = due if due and due > job.created_at else job.created_at
+    if job.started_at and since > job.started_at:
+        # Retried (or promoted) after it last started: its due time is the next run's, so
+        # the wait of the attempt shown is counted from creation.
+        since = job.created_at
     rows = []
-    if job.started_at:
+    if job.started_at and job.started_at >= since:
         rows.append(("waited", duration((job.started_at - since).total_seconds() * 1000)))
     if job.started_at and job.finished_at:
         rows.append(("ran", duration((job.finished_at - job.started_at).total_seconds() * 1000)))

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 
 from ..states import JobState
-from .common import queue_names
+from .common import queue_names, rows_of
 
 #: Counting stops here: an operator needs "more than 10,000", not the exact figure.
 COUNT_CAP = 10_000
@@ -68,12 +68,32 @@ class EstimatedCountPaginator(Paginator):
 
 
 class JobChangeList(ChangeList):
-    """Exposes whether the count is approximate to the pagination block."""
+    """Exposes whether the count is approximate to the pagination block, and sorts by queue
+    along an index."""
+
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet) -> list[Any]:
+        """Sorted by queue, the newest of each queue first through the (queue, -created_at,
+        -id) index: "queue, -id" alone has no index and sorts the whole table (seconds on a
+        million rows on SQLite)."""
+        ordering = list(super().get_ordering(request, queryset))
+        if ordering[:1] == ["queue"] and ordering[1:2] in (["-id"], ["-pk"]):
+            ordering[1:1] = ["-created_at"]
+        return ordering
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         self.count_is_approximate = getattr(self.paginator, "approximate", False)
         self.count_cap = COUNT_CAP
+        # Django's search bar says "N results (Show all)" whenever the full count is not
+        # computed, linking to "?" -- the same page when nothing is filtered. The job list's
+        # own search form offers that link only when a search or a filter narrows the list.
+        self.is_narrowed = bool(self.query) or self.has_active_filters
+        if not self.count_is_approximate:
+            self.count_text = f"{self.result_count} job{'' if self.result_count == 1 else 's'}"
+        elif self.result_count > COUNT_CAP + 1:  # PostgreSQL's planner estimate
+            self.count_text = f"about {self.result_count} jobs"
+        else:
+            self.count_text = f"more than {COUNT_CAP} jobs"
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -84,7 +104,8 @@ class QueueFilter(admin.SimpleListFilter):
         return [(name, name) for name in queue_names()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+        value = self.value()
+        return queryset.filter(queue__in=rows_of(value)) if value else queryset
 
 
 class CreatedWithinFilter(admin.SimpleListFilter):

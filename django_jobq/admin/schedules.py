@@ -4,14 +4,20 @@ at every sweep."""
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from ..models import Schedule
+from ..schedule_sync import SETTINGS, is_drifted
 from ..schedules import describe, fire_now, validate_schedule
 
 
@@ -56,6 +62,22 @@ class ScheduleForm(forms.ModelForm):
         return cleaned
 
 
+def _when_in_zones(value: dt.datetime | None, zone: str) -> str:
+    """The admin's time with its zone (as on the job pages), and the schedule's own local time
+    when its cron runs in another zone: a Europe/Berlin "0 3 * * *" reads 03:00 there."""
+    if value is None:
+        return "—"
+    shown = localtime(value)
+    text = f"{shown:%Y-%m-%d %H:%M:%S %Z}"
+    try:
+        own = value.astimezone(zoneinfo.ZoneInfo(zone)) if zone else None
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        own = None
+    if own is None or own.utcoffset() == shown.utcoffset() and own.tzname() == shown.tzname():
+        return text
+    return format_html("{}<br><small>{} {}</small>", text, f"{own:%Y-%m-%d %H:%M}", zone)
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     form = ScheduleForm
@@ -65,15 +87,24 @@ class ScheduleAdmin(admin.ModelAdmin):
         "timing",
         "timezone",
         "enabled",
-        "missed",
+        "source",
+        "next_run",
+        "last_run",
+    )
+    # "missed" is a filter and a form field, not a column: the list must fit at 1366 px with
+    # the menu open (tests/test_admin_browser.py), and its values are the widest of the row.
+    list_filter = ("enabled", "queue", "missed", "source", "timezone")
+    search_fields = ("name", "queue", "cron")
+    readonly_fields = (
+        "source",
         "next_run_at",
         "last_run_at",
+        "last_job_id",
+        "created_at",
+        "updated_at",
     )
-    list_filter = ("enabled", "queue", "missed", "timezone")
-    search_fields = ("name", "queue", "cron")
-    readonly_fields = ("next_run_at", "last_run_at", "last_job_id", "created_at", "updated_at")
     fieldsets = (
-        (None, {"fields": ("name", "queue", "enabled")}),
+        (None, {"fields": ("name", "queue", "enabled", "source")}),
         ("When", {"fields": ("cron", "interval", "timezone", "missed")}),
         ("Job", {"fields": ("payload", "job_options")}),
         (
@@ -83,9 +114,46 @@ class ScheduleAdmin(admin.ModelAdmin):
     )
     actions = ("enable_schedules", "disable_schedules", "run_now")
 
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """A schedule declared in ``JOBQ["SCHEDULES"]`` says so on its page, and says when it
+        was edited since the last sync: the next sync writes the settings back over it."""
+        obj = self.get_object(request, object_id)
+        if obj is not None and obj.source == SETTINGS and request.method == "GET":
+            if is_drifted(obj):
+                messages.warning(
+                    request,
+                    "Drift: this schedule was edited here since it was last synced from "
+                    "JOBQ['SCHEDULES']. The next sync (the reaper, or jobq_schedules --sync) "
+                    "writes the settings back: change the settings to keep an edit.",
+                )
+            else:
+                messages.info(
+                    request,
+                    "This schedule is declared in JOBQ['SCHEDULES']: edits made here are "
+                    "overwritten by the next sync.",
+                )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    class Media:
+        css = {"all": ["django_jobq/jobq.css"]}  # noqa: RUF012 - Django's Media declaration
+
     @admin.display(description="cron / interval")
     def timing(self, obj: Schedule) -> str:
         return describe(obj)
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run(self, obj: Schedule) -> str:
+        return _when_in_zones(obj.next_run_at, obj.timezone)
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run(self, obj: Schedule) -> str:
+        return _when_in_zones(obj.last_run_at, obj.timezone)
 
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -116,8 +184,12 @@ class ScheduleAdmin(admin.ModelAdmin):
             except Exception as exc:  # refused options, or storage down: the class varies
                 self.message_user(request, f"{schedule.name}: not enqueued: {exc}", messages.ERROR)
             else:
+                link = reverse("admin:django_jobq_job_by_id", args=[schedule.queue, result.job_id])
                 self.message_user(
                     request,
-                    f"{schedule.name}: enqueued {schedule.queue}/{result.job_id}",
+                    format_html(
+                        '{}: enqueued <a href="{}">{}/{}</a>',
+                        schedule.name, link, schedule.queue, result.job_id,
+                    ),
                     messages.SUCCESS,
-                )
+                )  # fmt: skip

@@ -23,7 +23,7 @@ from ..conf import get_storage, jobq_settings
 from ..job import ms_to_datetime
 from ..models import Job, WorkerInfo
 from ..states import JobState
-from .common import age, jobs_alias
+from .common import LIVE_EVERY, age, jobs_alias, live_rows
 
 #: Current jobs listed per worker (a worker with concurrency 500 would flood the page).
 CURRENT_JOBS_SHOWN = 20
@@ -50,6 +50,7 @@ def live_workers(now: dt.datetime | None = None) -> tuple[list[dict[str, Any]], 
             "host": info.get("host", ""),
             "pid": info.get("pid"),
             "queues": list(info.get("queues", [])),
+            "groups": [g.split(":", 1) for g in info.get("groups", []) if ":" in g],
             "concurrency": info.get("concurrency", 0),
             "pool": info.get("pool", ""),
             "autoscale": _autoscale(info.get("autoscale")),
@@ -142,5 +143,10 @@ class WorkerAdmin(admin.ModelAdmin):
             "workers": workers,
             "error": error,
             "heartbeat": heartbeat_seconds(),
+            "live_every": LIVE_EVERY,
         }
+        polled = live_rows(request, {"jobq-workers-body": "admin/django_jobq/workers/_rows.html"},
+                           context)  # fmt: skip
+        if polled is not None:
+            return polled
         return TemplateResponse(request, "admin/django_jobq/workers/list.html", context)

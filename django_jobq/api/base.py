@@ -4,12 +4,13 @@ core exceptions to HTTP answers (never a 500 for a refused input or an unreachab
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
-from rest_framework import parsers, status
+from rest_framework import parsers, renderers, status
 from rest_framework.exceptions import APIException, NotFound, ParseError
 from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.response import Response
@@ -139,6 +140,41 @@ def _parsers() -> list[type[parsers.BaseParser]]:
     ]
 
 
+def _spell_non_finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by its JavaScript spelling."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _spell_non_finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_spell_non_finite(item) for item in value]
+    return value
+
+
+class JSONRenderer(renderers.JSONRenderer):
+    """DRF's strict JSON renderer, except that a stored NaN or infinity is answered as the
+    string ``"NaN"``/``"Infinity"``/``"-Infinity"`` instead of a 500. New values cannot hold
+    them (the serde refuses them where they enter), but a job written by an older version or
+    through a project's own serde still can, and one such value must not make every read of
+    its job fail. Strict JSON stays strict: a client's parser never sees a bare ``NaN``."""
+
+    def render(self, data: Any, media_type: Any = None, renderer_context: Any = None) -> Any:
+        try:
+            return super().render(data, media_type, renderer_context)
+        except ValueError as exc:
+            if "float" not in str(exc):  # "Out of range float values are not JSON compliant"
+                raise
+            return super().render(_spell_non_finite(data), media_type, renderer_context)
+
+
+def _renderers() -> list[type[renderers.BaseRenderer]]:
+    """The project's renderer classes, with DRF's JSON renderer replaced by ours."""
+    return [
+        JSONRenderer if cls is renderers.JSONRenderer else cls
+        for cls in api_settings.DEFAULT_RENDERER_CLASSES
+    ]
+
+
 class JobQView(APIView):
     """Base of the API's views. ``jobq_operation`` names what a request does (one of
     ``django_jobq.permissions``): the API key action and the Django permission it needs."""
@@ -148,6 +184,7 @@ class JobQView(APIView):
     authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     permission_classes = [JobQPermission]
     parser_classes = _parsers()
+    renderer_classes = _renderers()
     throttle_classes = [JobQRateThrottle]
     # Our own, whatever DEFAULT_SCHEMA_CLASS the project has: the schema stays complete.
     schema = AutoSchema()

@@ -13,9 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..conf import get_storage
+from ..conf import get_storage, jobq_settings
 from ..models import Job
+from ..registry import registry
 from ..schedules import schedules_alias
+from ..sharding import members
 from ..states import JobState
 from ..validation import QUEUE_NAME_PATTERN
 from .base import JobQView
@@ -28,6 +30,17 @@ from .serializers import JobPageSerializer, JobRowSerializer
 def rows_alias() -> str:
     """Where job rows live: the database backend's own alias, else the mirror's."""
     return schedules_alias(get_storage())
+
+
+def physical_queues() -> list[str]:
+    """Queues the storage has seen, plus those with a handler or settings (maybe still empty)."""
+    names = set(get_storage().list_queues()) | set(registry.queues())
+    return sorted(names | set(jobq_settings()["QUEUES"]))
+
+
+def rows_of(name: str, known: list[str] | None = None) -> list[str]:
+    """The physical queues whose rows are queue ``name``'s (its partitions when sharded)."""
+    return members(name, physical_queues() if known is None else known) or [name]
 
 
 class JobFilterSerializer(serializers.Serializer):
@@ -46,9 +59,10 @@ def filtered(request: Request, params: dict) -> QuerySet:
     if "queue" in params:
         if allowed is not None and params["queue"] not in allowed:
             raise PermissionDenied(f"this API key is not scoped to queue {params['queue']!r}")
-        rows = rows.filter(queue=params["queue"])
+        rows = rows.filter(queue__in=rows_of(params["queue"]))
     elif allowed is not None:
-        rows = rows.filter(queue__in=sorted(allowed))
+        known = physical_queues()
+        rows = rows.filter(queue__in=sorted({p for name in allowed for p in rows_of(name, known)}))
     if "state" in params:
         rows = rows.filter(state=params["state"])
     if "handler" in params:

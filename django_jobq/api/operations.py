@@ -26,13 +26,14 @@ from ..job import ms_to_datetime
 from ..models import Job, MirrorReject, Schedule
 from ..queue import get_queue
 from ..schedules import fire_now, validate_schedule
+from ..sharding import logical_name
 from ..states import JobState
 from ..storage.base import Storage, WorkerRecord
 from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias
 from .permissions import allowed_queues, may_read, may_see_queue
-from .queues import known_queues
+from .queues import known_queues, physical_queues
 from .serializers import (
     EnqueueResultSerializer,
     HealthSerializer,
@@ -42,15 +43,29 @@ from .serializers import (
 )
 
 
-def worker_body(rec: WorkerRecord) -> dict[str, Any]:
+def worker_body(rec: WorkerRecord, allowed: set[str] | None = None) -> dict[str, Any]:
+    """A worker as the API shows it; with ``allowed`` (a scoped key's queue names, which name
+    its broadcasts too) only the queues and groups in that scope are listed."""
     info = rec.info
+    queues, groups = _served(rec, allowed)
     return {
         "id": rec.worker_id, "host": info.get("host", ""), "pid": info.get("pid"),
-        "queues": list(info.get("queues", [])), "concurrency": info.get("concurrency", 0),
+        "queues": queues, "groups": groups, "pool": str(info.get("pool", "")),
+        "concurrency": info.get("concurrency", 0),
         "in_flight": info.get("in_flight", 0), "started_at": ms_to_datetime(info.get("started")),
         "last_seen": ms_to_datetime(rec.last_seen), "completed": info.get("completed", 0),
         "failed": info.get("failed", 0),
     }  # fmt: skip
+
+
+def _served(rec: WorkerRecord, allowed: set[str] | None) -> tuple[list[str], list[str]]:
+    """(queues, "broadcast:group" labels) the worker serves, within ``allowed`` when given."""
+    queues = [str(q) for q in rec.info.get("queues", [])]
+    groups = [str(g) for g in rec.info.get("groups", []) if ":" in str(g)]
+    if allowed is None:
+        return queues, groups
+    return ([q for q in queues if q in allowed],
+            [g for g in groups if g.split(":", 1)[0] in allowed])  # fmt: skip
 
 
 class WorkerListView(JobQView):
@@ -59,13 +74,15 @@ class WorkerListView(JobQView):
     @extend_schema(operation_id="worker_list", responses={200: WorkerSerializer(many=True),
                                                           **ERRORS})  # fmt: skip
     def get(self, request: Request) -> Response:
-        """Live workers; a key scoped to some queues sees the workers serving one of them."""
+        """Live workers, job and subscriber workers alike. A key scoped to some names sees
+        the workers serving one of its queues or a group of one of its broadcasts (the scope's
+        names stand for both, as on the broadcast endpoints), each listing only the queues and
+        groups within its scope: a key learns nothing about the names of others."""
         allowed = allowed_queues(request)
-        records = [
-            r for r in get_storage().list_workers()
-            if allowed is None or allowed & set(r.info.get("queues", []))
-        ]  # fmt: skip
-        return Response(WorkerSerializer([worker_body(r) for r in records], many=True).data)
+        bodies = [worker_body(r, allowed) for r in get_storage().list_workers()]
+        if allowed is not None:
+            bodies = [b for b in bodies if b["queues"] or b["groups"]]
+        return Response(WorkerSerializer(bodies, many=True).data)
 
 
 class ScheduleListView(JobQView):
@@ -161,13 +178,15 @@ def health_report() -> tuple[dict[str, Any], bool]:
     report: dict[str, Any] = {
         "status": "ok", "backend": conf["BACKEND"], "storage_reachable": True, "workers": None,
         "queues": [], "mirror_lag_seconds": None, "mirror_backlog_events": None,
-        "mirror_rejected": None, "memory": None,
+        "mirror_rejected": None, "mirror_gaps": None, "mirror_sampled": None, "memory": None,
     }  # fmt: skip
     try:
-        queues = known_queues()
+        queues, physical = known_queues(), physical_queues()
         report["workers"] = len(storage.list_workers())
         alias = rows_alias()
-        ages = oldest_waiting(storage, alias, queues)
+        ages: dict[str, float] = {}
+        for name, age in oldest_waiting(storage, alias, physical).items():
+            ages[logical_name(name)] = max(age, ages.get(logical_name(name), 0.0))
         for name in queues:
             q = get_queue(name)
             counts = q.counts()
@@ -176,9 +195,15 @@ def health_report() -> tuple[dict[str, Any], bool]:
                 "waiting": counts.get(JobState.QUEUED, 0),
                 "oldest_waiting_seconds": ages.get(name),
             })  # fmt: skip
-        lag, backlog = mirror_check.lag(storage, queues)
+        lag, backlog = mirror_check.lag(storage, physical)
         report.update(mirror_lag_seconds=lag, mirror_backlog_events=backlog)
         report["mirror_rejected"] = mirror_rejected(storage, alias)
+        if lag is not None:
+            report["mirror_gaps"] = [
+                {k: gap.get(k) for k in ("queue", "at", "why", "rows")}
+                for gap in mirror_check.recent_gaps(storage, physical)
+            ]
+            report["mirror_sampled"] = mirror_check.sampled_queues(storage, queues)
         report["memory"] = redis_memory(storage)
     except STORAGE_ERRORS:
         report.update(status="unavailable", storage_reachable=False)

@@ -13,14 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..conf import get_storage, jobq_settings
 from ..models import Job
 from ..queue import Queue, get_queue
-from ..registry import registry
+from ..sharding import collapse
 from ..states import JobState
 from .base import JobQView
 from .jobs import ERRORS
-from .listing import rows_alias
+from .listing import physical_queues, rows_alias, rows_of
 from .permissions import allowed_queues
 from .serializers import PausedSerializer, QueueSerializer
 
@@ -28,9 +27,8 @@ STATS_WINDOW = dt.timedelta(hours=1)
 
 
 def known_queues() -> list[str]:
-    """Queues the storage has seen, plus those with a handler or settings (maybe still empty)."""
-    names = set(get_storage().list_queues()) | set(registry.queues())
-    return sorted(names | set(jobq_settings()["QUEUES"]))
+    """Queues as users name them (a sharded queue's partitions as their logical queue)."""
+    return collapse(physical_queues())
 
 
 def visible_queues(request: Request) -> list[str]:
@@ -46,7 +44,7 @@ def queue_stats(name: str) -> dict[str, float | None]:
     """The last hour of finished jobs, from the rows (one aggregate query)."""
     since = timezone.now() - STATS_WINDOW
     finished = Q(finished_at__gte=since)
-    agg = Job.objects.using(rows_alias()).filter(queue=name).aggregate(
+    agg = Job.objects.using(rows_alias()).filter(queue__in=rows_of(name)).aggregate(
         completed=Count("id", filter=finished & Q(state=JobState.COMPLETED)),
         failed=Count("id", filter=finished & Q(state=JobState.FAILED)),
         wait=Avg(ExpressionWrapper(F("started_at") - F("created_at"), DurationField()),

@@ -14,6 +14,7 @@ from ..errors import ValidationError as JobQValidationError
 from ..job import DedupMode
 from ..models import Job
 from ..queue import Queue
+from ..sharding import logical_name
 from ..states import JobState
 from ..validation import MAX_DURATION_MS, PRIORITY_RANGE
 
@@ -156,6 +157,9 @@ class JobStatusSerializer(serializers.Serializer):
         allow_null=True, help_text="the handler's last job.set_progress value"
     )
     logs = serializers.SerializerMethodField(help_text="the job's last log lines, oldest first")
+    task = serializers.CharField(
+        allow_null=True, help_text="the task function the job calls (@task); null: a plain job"
+    )
 
     def get_logs(self, status: Any) -> list[dict[str, Any]]:
         return [{"at": at.isoformat(), "line": line} for at, line in status.logs]
@@ -201,6 +205,11 @@ class JobRowSerializer(serializers.ModelSerializer):
         # The database backend parks singleton runs under "<id>~next" / "<id>~<pk>".
         return obj.job_id.partition("~")[0]
 
+    def to_representation(self, instance: Job) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["queue"] = logical_name(data["queue"])  # a partition's row: its queue's name
+        return data
+
 
 class JobPageSerializer(serializers.Serializer):
     results = JobRowSerializer(many=True)
@@ -228,6 +237,13 @@ class WorkerSerializer(serializers.Serializer):
     host = serializers.CharField(allow_blank=True)
     pid = serializers.IntegerField(allow_null=True)
     queues = serializers.ListField(child=serializers.CharField())
+    groups = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Subscriber groups it serves, as broadcast:group (a subscriber worker).",
+    )
+    pool = serializers.CharField(
+        allow_blank=True, help_text="Where its handlers run: thread, process or async."
+    )
     concurrency = serializers.IntegerField()
     in_flight = serializers.IntegerField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -274,6 +290,22 @@ class HealthQueueSerializer(serializers.Serializer):
     oldest_waiting_seconds = serializers.FloatField(allow_null=True)
 
 
+class MirrorGapSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    at = serializers.FloatField(help_text="epoch seconds the resync started")
+    why = serializers.CharField()
+    rows = serializers.IntegerField(help_text="job rows rewritten from Redis records")
+
+
+class MirrorSampledSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    since = serializers.FloatField(help_text="epoch seconds the queue was switched")
+    why = serializers.CharField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="jobs per state, read from Redis now"
+    )
+
+
 class HealthSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"])
     backend = serializers.CharField()
@@ -290,5 +322,17 @@ class HealthSerializer(serializers.Serializer):
     mirror_rejected = serializers.IntegerField(
         allow_null=True,
         help_text="jobs the mirror set aside because the database refused them (Redis only)",
+    )
+    mirror_gaps = MirrorGapSerializer(
+        many=True,
+        allow_null=True,
+        help_text="queues the mirror re-read from Redis in the last hour because events were "
+        "lost before it wrote them (stream cap, flush, restart); latest per queue (Redis only)",
+    )
+    mirror_sampled = MirrorSampledSerializer(
+        many=True,
+        allow_null=True,
+        help_text="queues whose rows are only a sample (the mirror fell behind on a big queue): "
+        "trust these counts from Redis until the queue is exact again (Redis only)",
     )
     memory = serializers.DictField(allow_null=True, help_text="Redis memory use (Redis only)")

@@ -9,7 +9,7 @@ from . import require_drf
 
 require_drf()
 
-from . import broadcasts, dead, jobs, listing, operations, queues, schema  # noqa: E402
+from . import broadcasts, dead, events, jobs, listing, operations, queues, schema  # noqa: E402
 from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
 
 
@@ -24,6 +24,7 @@ app_name = "jobq-api"
 Q = "queues/<jobq_queue:queue>/"
 J = Q + "jobs/<jobq_job:job_id>/"
 B = "broadcasts/<jobq_queue:broadcast>/"
+G = B + "groups/<jobq_queue:group>/"
 
 urlpatterns = [
     path("health", operations.HealthView.as_view(), name="health"),
@@ -39,6 +40,7 @@ urlpatterns = [
     path(J + "cancel/", jobs.CancelView.as_view(), name="job-cancel"),
     path(J + "retry/", jobs.RetryView.as_view(), name="job-retry"),
     path(Q + "dead/", dead.DeadLetterListView.as_view(), name="dead-letters"),
+    path(Q + "events/", events.EventStreamView.as_view(), name="queue-events"),
     path("workers/", operations.WorkerListView.as_view(), name="worker-list"),
     path("schedules/", operations.ScheduleCreateView.as_view(), name="schedule-list"),
     path("schedules/<str:name>/", operations.ScheduleDetailView.as_view(), name="schedule"),
@@ -47,11 +49,14 @@ urlpatterns = [
     path("broadcasts/", broadcasts.BroadcastListView.as_view(), name="broadcast-list"),
     path(B, broadcasts.BroadcastDetailView.as_view(), name="broadcast-detail"),
     path(B + "publish/", broadcasts.PublishView.as_view(), name="broadcast-publish"),
+    path(G, broadcasts.GroupStatusView.as_view(), name="broadcast-group"),
+    path(G + "dead/", broadcasts.DeadMessageListView.as_view(), name="broadcast-dead"),
     path(
-        B + "groups/<jobq_queue:group>/",
-        broadcasts.GroupStatusView.as_view(),
-        name="broadcast-group",
-    ),
+        G + "dead/retry/", broadcasts.DeadMessageRetryView.as_view(), name="broadcast-dead-retry"
+    ),  # fmt: skip
+    path(
+        G + "dead/purge/", broadcasts.DeadMessagePurgeView.as_view(), name="broadcast-dead-purge"
+    ),  # fmt: skip
     # Last: a path under the API that no route above takes (an empty queue name or job id, a
     # typo) answers the API's JSON error body, not Django's HTML page. It reads nothing, so it
     # needs no credentials; it is no DRF view, so the schema leaves it out.

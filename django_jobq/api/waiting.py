@@ -26,6 +26,7 @@ def wait_for_result(queue: Queue, job_id: str, timeout: float) -> JobResult | No
     """The job's result once it is final, or as it stands after ``timeout`` seconds (at most
     ``MAX_WAIT``). None when the job is unknown (or its record expired meanwhile)."""
     deadline = time.monotonic() + min(timeout, MAX_WAIT)
+    queue = queue.locate(job_id)  # a sharded queue: the partition that holds the job
     follow_events = hasattr(queue.storage, "read_group")  # Redis: see the module docstring
     cursor = "$"
     result = queue.get_result(job_id)

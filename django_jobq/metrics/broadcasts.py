@@ -1,6 +1,8 @@
 """Broadcast gauges read at scrape time: per subscriber group, lag, pending, dead letters and
 ``missed`` (messages retention dropped before the group handled them: a group that fell
-behind). Labels: broadcast and group (both bounded: names, never message ids)."""
+behind); and the verdicts this process's subscriber workers sent, per group and outcome
+(``jobq_broadcast_deliveries_total``: the delivered and failed counts). Labels: broadcast, group
+and outcome (all bounded: names and a fixed set, never message ids)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Any
 
 from ..conf import get_storage
 from . import prometheus
+from .tally import Tally
+from .tally import current as current_tally
 
 logger = logging.getLogger("django_jobq.metrics")
 
@@ -57,3 +61,35 @@ class BroadcastCollector:
             logger.warning("metrics: broadcasts not readable: %s", exc)
             return
         yield from (length, lag, pending, dead, missed)
+        yield from DeliveryCollector(current_tally(), self.names).collect()
+
+
+class DeliveryCollector:
+    """Verdicts on subscriber deliveries counted in this process (``Tally.delivered``):
+    ``completed`` (delivered), ``retried``, ``dead`` (failed for good), ``released``, ``lost``
+    (a verdict refused because the lease had moved on). Reads no storage, so a worker's own
+    ``--metrics-port`` endpoint serves it too."""
+
+    def __init__(self, tally: Tally | None, names: set[str] | None = None) -> None:
+        self.tally, self.names = tally, names
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        if self.tally is None:
+            return
+        prometheus()
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "jobq_broadcast_deliveries",
+            "Verdicts on subscriber deliveries sent by this process, per group and outcome",
+            labels=["broadcast", "group", "outcome"],
+        )
+        with self.tally._lock:
+            counts = sorted(self.tally.deliveries.items())
+        for (name, group, outcome), n in counts:
+            if self.names is None or name in self.names:
+                family.add_metric([name, group, outcome], n)
+        yield family

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..conf import get_storage, jobq_settings
 from ..registry import handler_name, registry
+from ..sharding import logical_name
 from ..storage.base import Storage
 from . import prometheus
-from .tally import RUN_BUCKETS, Tally
+from .tally import RUN_BUCKETS, WAIT_BUCKETS, Tally
 
 if TYPE_CHECKING:
+    from ..subscribers import SubscriberWorker
     from ..worker import Worker
 
 logger = logging.getLogger("django_jobq.metrics")
@@ -59,7 +61,7 @@ class TallyCollector:
         prometheus()
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-        counts, runs = self.tally.snapshot()
+        counts, runs = _logical_counts(self.tally.snapshot())
         families = {}
         for key, (name, doc, extra) in COUNTERS.items():
             names = ["queue", *(["handler"] if key in WITH_HANDLER else []), *extra]
@@ -74,12 +76,61 @@ class TallyCollector:
             labels=["queue", "handler", "outcome"],
         )  # fmt: skip
         for (queue, outcome), (buckets, total) in sorted(runs.items()):
-            cumulative, running = [], 0
-            for bound, n in zip([*map(str, RUN_BUCKETS), "+Inf"], buckets, strict=True):
-                running += n
-                cumulative.append((bound, running))
+            cumulative = _cumulative(RUN_BUCKETS, buckets)
             hist.add_metric([queue, handler_name(queue), outcome], cumulative, total)
         yield hist
+        waits = HistogramMetricFamily(
+            "jobq_job_wait_seconds",
+            "Seconds from enqueue (or due time, when later) to the claim of each attempt here",
+            labels=["queue", "handler"],
+        )
+        for queue, (buckets, total) in sorted(_logical_waits(self.tally.wait_snapshot()).items()):
+            waits.add_metric(
+                [queue, handler_name(queue)], _cumulative(WAIT_BUCKETS, buckets), total
+            )
+        yield waits
+
+
+def _logical_counts(snapshot: tuple[dict, dict]) -> tuple[dict, dict]:
+    """The tally with a sharded queue's partitions folded into its logical name: a dashboard
+    asks about ``orders``, not about ``orders~2of3`` (docs/scaling.md)."""
+    counts, runs = snapshot
+    folded: dict = {}
+    for (key, values), n in counts.items():
+        name = (key, (logical_name(values[0]), *values[1:]))
+        folded[name] = folded.get(name, 0) + n
+    return folded, {
+        (logical, outcome): hist
+        for (logical, outcome), hist in _fold_histograms(
+            ((logical_name(queue), outcome), hist) for (queue, outcome), hist in runs.items()
+        ).items()
+    }
+
+
+def _logical_waits(waits: dict) -> dict:
+    return _fold_histograms((logical_name(queue), hist) for queue, hist in waits.items())
+
+
+def _fold_histograms(items: Iterable[tuple[Any, list]]) -> dict:
+    """Sum [bucket counts, sum of seconds] histograms that share a key."""
+    out: dict = {}
+    for key, (buckets, total) in items:
+        have = out.get(key)
+        if have is None:
+            out[key] = [list(buckets), total]
+        else:
+            have[0] = [a + b for a, b in zip(have[0], buckets, strict=True)]
+            have[1] += total
+    return out
+
+
+def _cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, int]]:
+    """Per-bucket counts as Prometheus's cumulative (le, count) pairs, +Inf last."""
+    cumulative, running = [], 0
+    for bound, n in zip([*map(str, bounds), "+Inf"], buckets, strict=True):
+        running += n
+        cumulative.append((bound, running))
+    return cumulative
 
 
 def known_queues(storage: Storage) -> list[str]:
@@ -135,14 +186,23 @@ class StorageCollector:
                   labels=["queue"])  # fmt: skip
         paused = g("jobq_queue_paused", "1 when the queue is paused", labels=["queue"])
         now = time.time() * 1000
+        # A sharded queue is reported once, under its logical name: its partitions' counts
+        # summed, the oldest waiting job of any, paused when any partition is.
+        groups: dict[str, list[str]] = {}
         for name in self._queues(storage):
-            for state, n in storage.counts(name).items():
-                depth.add_metric([name, str(state)], n)
-            since = storage.oldest_queued(name)
-            oldest.add_metric([name], 0.0 if since is None else max(0.0, (now - since) / 1000))
-            dead.add_metric([name], storage.count_dead(name))
-            calls.add_metric([name], storage.count_failure_calls(name))
-            paused.add_metric([name], int(storage.is_paused(name)))
+            groups.setdefault(logical_name(name), []).append(name)
+        for logical, names in groups.items():
+            states: dict[str, int] = {}
+            for name in names:
+                for found, n in storage.counts(name).items():
+                    states[str(found)] = states.get(str(found), 0) + n
+            for label, n in states.items():
+                depth.add_metric([logical, label], n)
+            firsts = [s for s in (storage.oldest_queued(n) for n in names) if s is not None]
+            oldest.add_metric([logical], max(0.0, (now - min(firsts)) / 1000) if firsts else 0.0)
+            dead.add_metric([logical], sum(storage.count_dead(n) for n in names))
+            calls.add_metric([logical], sum(storage.count_failure_calls(n) for n in names))
+            paused.add_metric([logical], int(any(storage.is_paused(n) for n in names)))
         families = [depth, oldest, dead, calls, paused, *self._workers(storage, g, now)]
         lag = self._mirror_lag(storage, g, now)
         return families if lag is None else [*families, lag]
@@ -173,20 +233,25 @@ class StorageCollector:
         lag = g("jobq_mirror_lag_seconds", "Age of the oldest event not yet mirrored",
                 labels=["queue"])  # fmt: skip
         rows = JobEvent.objects.using(conf["DATABASE_ALIAS"])
+        ages: dict[str, float] = {}
         for name in self._queues(storage):
             last = (
                 rows.filter(queue=name).exclude(stream_id="").order_by("-id")
                 .values_list("stream_id", flat=True).first()
             )  # fmt: skip
             pending = storage.read_events(name, after=last or "0", count=1)
-            lag.add_metric([name], max(0.0, (now - pending[0].at) / 1000) if pending else 0.0)
+            age = max(0.0, (now - pending[0].at) / 1000) if pending else 0.0
+            logical = logical_name(name)  # a sharded queue: its most lagging partition
+            ages[logical] = max(ages.get(logical, 0.0), age)
+        for logical, age in ages.items():
+            lag.add_metric([logical], age)
         return lag
 
 
 class WorkerCollector:
     """A running worker's own gauges, for its ``--metrics-port`` endpoint."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker | SubscriberWorker) -> None:
         self.worker = worker
 
     def describe(self) -> list[Any]:

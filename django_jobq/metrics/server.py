@@ -11,20 +11,24 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from . import install, prometheus
+from .broadcasts import DeliveryCollector
 from .collectors import TallyCollector, WorkerCollector
 
 if TYPE_CHECKING:
+    from ..subscribers import SubscriberWorker
     from ..worker import Worker
 
 logger = logging.getLogger("django_jobq.metrics")
 
 
-def serve(worker: Worker, port: int, addr: str = "127.0.0.1") -> Any:
+def serve(worker: Worker | SubscriberWorker, port: int, addr: str = "127.0.0.1") -> Any:
     """Start serving ``worker``'s metrics on ``addr:port`` (port 0: any free port) in a
     daemon thread; returns the HTTP server (``server_port``; ``shutdown()`` to stop)."""
     p = prometheus()
     registry = p.CollectorRegistry(auto_describe=False)
-    registry.register(TallyCollector(install()))
+    counted = install()
+    registry.register(TallyCollector(counted))
+    registry.register(DeliveryCollector(counted))
     registry.register(WorkerCollector(worker))
     server, _thread = p.start_http_server(port, addr=addr, registry=registry)
     logger.info("worker %s metrics on http://%s:%d/metrics", worker.worker_id, addr,

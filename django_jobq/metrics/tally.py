@@ -23,6 +23,10 @@ from .. import signals
 # Run time buckets (seconds): from a no-op handler's few ms up to an hour-long batch job.
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                300.0, 900.0, 3600.0)  # fmt: skip
+# Wait buckets (seconds from enqueue, or due time, to claim): an idle queue's few ms up to a
+# backlog of hours.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0, 900.0, 3600.0, 14400.0)  # fmt: skip
 # A verdict's outcome -> the counter it adds to (besides the run-time histogram).
 OUTCOME_COUNTER = {"completed": "completed", "failed": "failed", "retrying": "retried",
                    "cancelled": "cancelled"}  # fmt: skip
@@ -38,14 +42,35 @@ class Tally:
         self.counters: defaultdict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
         # queue -> outcome -> [count per bucket (last: above the largest), sum of seconds]
         self.runs: dict[str, dict[str, list[Any]]] = {}
+        # queue -> [count per wait bucket (last: above the largest), sum of seconds]
+        self.waits: dict[str, list[Any]] = {}
+        # (broadcast, group, outcome) -> verdicts of subscriber deliveries sent from here
+        self.deliveries: defaultdict[tuple[str, str, str], int] = defaultdict(int)
 
     def add(self, name: str, labels: tuple[str, ...], n: int = 1) -> None:
         with self._lock:
             self.counters[(name, labels)] += n
 
-    def started(self, queue: str, n: int) -> None:
+    def delivered(self, broadcast: str, group: str, outcome: str, n: int) -> None:
+        with self._lock:
+            self.deliveries[(broadcast, group, outcome)] += n
+
+    def started(self, queue: str, n: int, waited_ms: list[int | None] | None = None) -> None:
+        """A claim of ``n`` jobs of one queue, with how long each waited (ms, as the storage
+        measured it; None when it does not say): one lock and a bisect per job."""
         with self._lock:
             self.counters[("started", (queue,))] += n
+            if not waited_ms:
+                return
+            wait = self.waits.get(queue)
+            if wait is None:
+                wait = self.waits[queue] = [[0] * (len(WAIT_BUCKETS) + 1), 0.0]
+            buckets = wait[0]
+            for ms in waited_ms:
+                if ms is not None:
+                    seconds = ms / 1000
+                    buckets[bisect_left(WAIT_BUCKETS, seconds)] += 1
+                    wait[1] += seconds
 
     def verdicts(self, queue: str, now: float, timed: list[tuple[str, float]]) -> None:
         """A batch of verdicts of one queue: (outcome, monotonic claim time) each, ``now``
@@ -61,6 +86,11 @@ class Tally:
                 seconds = now - since
                 run[0][bisect_left(RUN_BUCKETS, seconds)] += 1
                 run[1] += seconds
+
+    def wait_snapshot(self) -> dict[str, list[Any]]:
+        """queue -> [bucket counts, sum of seconds] of the waits, copied under the lock."""
+        with self._lock:
+            return {queue: [list(buckets), total] for queue, (buckets, total) in self.waits.items()}
 
     def snapshot(self) -> tuple[dict[tuple[str, tuple[str, ...]], int], dict[Any, Any]]:
         """(counters, runs) copied under the lock; the verdict counters are added from the

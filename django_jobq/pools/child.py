@@ -4,6 +4,11 @@ A reader thread owns the receiving end of the pipe, so a ``cancel`` (soft timeou
 reaches the running handler's flag while the main thread is busy in it. Only the main thread
 sends. The child ignores SIGINT/SIGTERM: stopping is the parent's decision (``stop`` message,
 or a kill past the grace period), so a Ctrl-C in a terminal does not kill jobs mid-way.
+
+Besides jobs a child runs ``("call", "module:function", token, args)``: work that is not a
+claimed job (a broadcast delivery) but needs the same things of a slot (hard timeout, cancel
+flag, progress relayed through the parent). The function gets ``(args, report, cancel_event)``
+and returns what goes back in the ``("acks", ...)`` reply; it must not raise.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import queue
 import signal
 import threading
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -28,7 +34,7 @@ def child_main(conn: Any, settings_module: str) -> None:
     from ..job import ClaimedJob
     from ..registry import registry
 
-    runs: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+    runs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
     replies: queue.SimpleQueue[bool] = queue.SimpleQueue()
     current: dict[int, Any] = {}  # token -> Job of the run in progress
 
@@ -40,8 +46,8 @@ def child_main(conn: Any, settings_module: str) -> None:
                 runs.put(None)
                 return
             kind = message[0]
-            if kind == "run":
-                runs.put(message[1])
+            if kind in ("run", "call"):
+                runs.put(message)
             elif kind == "cancel":
                 job = current.get(message[1])
                 if job is not None:
@@ -55,7 +61,17 @@ def child_main(conn: Any, settings_module: str) -> None:
     threading.Thread(target=read, name="jobq-child-reader", daemon=True).start()
     conn.send(("ready",))
     while (run := runs.get()) is not None:
-        claimed = [ClaimedJob(*fields) for fields in run]
+        if run[0] == "call":
+            from django.utils.module_loading import import_string
+
+            _, target, token, args = run
+            current[token] = flag = SimpleNamespace(cancel_event=threading.Event())
+            report = partial(_report, conn, replies, token)
+            result = import_string(target.replace(":", "."))(args, report, flag.cancel_event)
+            current.clear()
+            conn.send(("acks", result))
+            continue
+        claimed = [ClaimedJob(*fields) for fields in run[1]]
         jobs = []
         for c in claimed:
             job = make_job(c, None)

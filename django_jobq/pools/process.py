@@ -12,9 +12,11 @@ hung handler holds only its own child's GIL.
 
 Messages on each duplex pipe (pickled by multiprocessing; they carry only our own tuples and
 the payload *bytes*, never a decoded payload):
-parent → child: ("run", [ClaimedJob fields, ...]) | ("cancel", token) | ("reported", ok) | ("stop",)
-child → parent: ("ready",) | ("report", token, progress, line) | ("acks", [Ack, ...])
-A "run" carries one job, or up to ``batch`` jobs of one queue for a batch handler.
+parent → child: ("run", [ClaimedJob fields, ...]) | ("call", "module:function", token, args)
+                | ("cancel", token) | ("reported", ok) | ("stop",)
+child → parent: ("ready",) | ("report", token, progress, line) | ("acks", [Ack, ...] | result)
+A "run" carries one job, or up to ``batch`` jobs of one queue for a batch handler; a "call"
+runs one piece of work that is not a job (a broadcast delivery, ``call()``).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ class ProcessRunner:
         try:
             child = self._child(slot)
             child.conn.send(("run", [astuple(c) for c in claimed]))
-            return self._converse(child, claimed, jobs, hard)
+            by_token = {c.token: job for c, job in zip(claimed, jobs, strict=True)}
+            return self._converse(child, by_token, hard)
         except HardTimeout as exc:
             logger.warning("%s killed: %s", label, exc)
             self._replace(slot)
@@ -139,6 +142,22 @@ class ProcessRunner:
         finally:
             self._running.pop(slot, None)
 
+    def call(self, slot: int, target: str, job: Job, args: Any, hard: float | None) -> Any:
+        """Run ``target(args, report, cancel_event)`` (``"module:function"``) in the slot's
+        child, as a job is run: ``job``'s cancel flag is forwarded, its reporter answers the
+        child's progress reports, and past ``hard`` seconds the child is killed. Returns the
+        function's result; raises ``HardTimeout`` or ``ChildDied`` (the slot then has a new
+        child starting), for the caller to turn into its own verdict."""
+        try:
+            child = self._child(slot)
+            child.conn.send(("call", target, job.token, args))
+            return self._converse(child, {job.token: job}, hard)
+        except (HardTimeout, ChildDied, EOFError, OSError) as exc:
+            self._replace(slot)
+            if isinstance(exc, HardTimeout | ChildDied):
+                raise
+            raise ChildDied(f"child pipe closed: {exc}") from exc
+
     def kill(self, key: tuple[str, str, int]) -> None:
         """Kill the child running this job (``Queue.cancel(..., force=True)``); its handler
         thread sees the child die, starts a new one and reports the attempt's end."""
@@ -147,11 +166,8 @@ class ProcessRunner:
             if key in keys and child is not None and child.process.is_alive():
                 child.process.kill()
 
-    def _converse(
-        self, child: _Child, claimed: list[ClaimedJob], jobs: list[Job], hard: float | None
-    ) -> list[Ack]:
+    def _converse(self, child: _Child, by_token: dict[int, Job], hard: float | None) -> Any:
         deadline = None if hard is None else time.monotonic() + hard
-        by_token = {c.token: job for c, job in zip(claimed, jobs, strict=True)}
         cancel_sent: set[int] = set()
         while True:
             if child.conn.poll(POLL):

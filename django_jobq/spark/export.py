@@ -36,6 +36,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from ..models import ExportWatermark, Job, JobEvent
+from ..sharding import logical_name
 from ..states import TERMINAL_STATES
 from .schema import MESSAGE_CHARS
 
@@ -126,7 +127,8 @@ def _event_columns(rows: Sequence[tuple]) -> dict:
         if kind == "failed":
             etype, message = _error_parts(error)
             etype = etype or "Unknown"  # as the JDBC query says for a failure without error
-        groups[(queue, _day(at))].append(
+        # A sharded queue's partitions export as its logical queue (one folder, one name).
+        groups[(logical_name(queue), _day(at))].append(
             (pk, job_pk, job_id, handler, kind, at, worker, etype, message)
         )
     return _columns(EVENT_ARROW.names, groups)
@@ -176,7 +178,7 @@ def _job_columns(rows: Sequence[tuple]) -> dict:
     for finished, pk, queue, job_id, handler, state, attempts, stalls, prio, created, started, \
             worker, error in rows:  # fmt: skip
         etype, message = _error_parts(error)
-        groups[(queue, _day(finished))].append(
+        groups[(logical_name(queue), _day(finished))].append(
             (pk, job_id, handler, state, attempts, stalls, prio, created, started, finished,
              worker, etype, message)
         )  # fmt: skip

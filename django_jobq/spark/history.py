@@ -73,7 +73,12 @@ def _history_query(since: dt.datetime | None) -> str:
         " AS error_message"
     )
     # Table names come from the models and ``since`` is a formatted datetime: no outside text.
-    columns = "e.id AS event_id, e.queue, e.job_id AS job_pk, j.job_id, j.handler, e.kind, e.at"
+    # split_part: a partition ("orders~0of3") reads as its logical queue; "~" appears in no
+    # other queue name (sharding.py).
+    columns = (
+        "e.id AS event_id, split_part(e.queue, '~', 1) AS queue, e.job_id AS job_pk, j.job_id,"
+        " j.handler, e.kind, e.at"
+    )
     source = f"{event} e JOIN {job} j ON j.id = e.job_id {where}"
     return f"SELECT {columns}, e.worker, {error} FROM {source}"  # noqa: S608
 

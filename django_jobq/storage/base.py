@@ -32,11 +32,18 @@ from ..job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    Retention,
     RetryOutcome,
     StoredEnqueue,
 )
-from ..states import JobState
+from ..states import TERMINAL_STATES, JobState
 from .broadcast_base import BroadcastStore
+
+# The longest one queue is waited on by the default ``Storage.read_events_many``.
+EVENTS_SLICE = 0.25
+
+# An enqueue's answer that is already the outcome (a finished duplicate): nothing to wait for.
+FINAL_ANSWERS = TERMINAL_STATES
 
 Clock = Callable[[], int]
 
@@ -84,6 +91,7 @@ class ReapReport:
     failed: list[str] = field(default_factory=list)  # stalled more than max_stalls
     promoted: int = 0  # scheduled / retrying jobs that became due
     expired: int = 0  # finished records dropped (backends without native expiry)
+    removed: int = 0  # finished records the queue's retention removed in this sweep
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +258,21 @@ class Storage(abc.ABC):
     ) -> None:
         """Block until a job may be claimable on one of ``queues``, ``interrupt_wait`` is called
         for ``worker_id``, or ``timeout`` seconds pass."""
+
+    def wait_and_claim(
+        self, queue: str, worker_id: str, count: int, lease_ms: int, timeout: float
+    ) -> ClaimBatch | None:
+        """``wait_for_jobs([queue], timeout, worker_id)``, then ``claim`` as soon as the wait
+        ends (woken or timed out), in one step where the backend can: on Redis the claim is
+        sent behind the blocking read, so the server runs it the moment a job wakes the
+        worker and the claimed jobs come back with the wake-up, saving the claim's own round
+        trip. The claim is the ordinary atomic, leased and fenced one. A worker that
+        ``interrupt_wait`` woke claims nothing.
+
+        Returns the claim's batch, or None when only the wait happened (this default): the
+        caller then claims itself."""
+        self.wait_for_jobs([queue], timeout, worker_id)
+        return None
 
     @abc.abstractmethod
     def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
@@ -429,11 +452,27 @@ class Storage(abc.ABC):
         """Block until a job enqueued with ``waiter=True`` reaches a final state (completed,
         failed, cancelled); return it, or None after ``timeout`` seconds."""
 
+    def enqueue_and_wait(
+        self, queue: str, job: NewJob, timeout: float
+    ) -> tuple[StoredEnqueue, FinalOutcome | None]:
+        """``enqueue`` a job built with ``waiter=True`` and, unless the answer is already
+        final (a finished duplicate), ``wait_for_outcome``: the request/response of
+        ``Queue.enqueue_and_wait``. Redis sends both in one write (the blocking read of the
+        reply queued behind the enqueue), saving a round trip; this default makes the two
+        calls. Returns the enqueue's answer and the outcome (None: none within ``timeout``,
+        or the enqueue's answer was final)."""
+        stored = self.enqueue(queue, job)
+        if stored.state in FINAL_ANSWERS:
+            return stored, None
+        return stored, self.wait_for_outcome(queue, job.job_id, timeout)
+
     @abc.abstractmethod
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         """Recover stalled work in one atomic step per batch: active jobs whose lease expired go
         back to queued (stalls + 1) or to failed past ``max_stalls``; due scheduled jobs are
-        promoted; finished records past their TTL are dropped where expiry is not native."""
+        promoted; finished records past their TTL are dropped where expiry is not native;
+        finished records past the queue's retention are removed (at most ``limit`` per state
+        and call: ``ReapReport.removed``)."""
 
     @abc.abstractmethod
     def counts(self, queue: str) -> dict[JobState, int]:
@@ -452,6 +491,29 @@ class Storage(abc.ABC):
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
         """Events after id ``after`` in order, optionally blocking ``block`` seconds for one."""
+
+    def read_events_many(
+        self, after: dict[str, str], count: int = 1000, block: float | None = None
+    ) -> dict[str, list[Event]]:
+        """Events of several queues, each after its own id (``after``: queue -> id), up to
+        ``count`` per queue; with ``block``, waits up to that long for an event of any of them.
+        Every queue is in the answer (an empty list when it had nothing).
+
+        The merged feed of a sharded queue reads its partitions so. This default has no wait
+        over several queues at once: it blocks on each queue in turn for a slice of at most
+        ``EVENTS_SLICE`` seconds, so an event may be seen that much late; the bundled backends
+        override it with one wait over them all."""
+        deadline = time.monotonic() + (block or 0)
+        while True:
+            out = {q: self.read_events(q, a, count) for q, a in after.items()}
+            remaining = deadline - time.monotonic()
+            if any(out.values()) or not block or remaining <= 0:
+                return out
+            share = max(min(remaining, EVENTS_SLICE) / len(after), 0.001)
+            for queue, position in after.items():
+                page = self.read_events(queue, position, count, block=share)
+                if page:
+                    return {**out, queue: page}
 
     # -- failure handler calls --------------------------------------------------------------
     # A queue whose handler has a failure handler gets one *call* per permanent failure,
@@ -521,6 +583,17 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def get_limits(self, queue: str) -> QueueLimits: ...
+
+    @abc.abstractmethod
+    def set_retention(self, queue: str, retention: Retention | None) -> None:
+        """Replace the queue's retention of finished records (None or an empty policy: keep
+        them until their ``result_ttl``). The steps that finish jobs apply it from then on,
+        removing a bounded few of the oldest records each; ``reap`` removes the rest (age,
+        backlogs) in batches. Records finished before a state had a policy are not indexed
+        on Redis and keep their TTL."""
+
+    @abc.abstractmethod
+    def get_retention(self, queue: str) -> Retention: ...
 
     @abc.abstractmethod
     def drain(self, queue: str, *, delayed: bool = True) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -210,6 +211,35 @@ class BroadcastStore(abc.ABC):
     def purge_dead(self, name: str, group: str) -> int:
         """Delete the group's dead letters; returns how many."""
 
-    def wait(self, name: str, timeout: float) -> None:  # noqa: B027 - polling default
-        """Block up to ``timeout`` s or until something is published to ``name`` (a backend
-        without a signal returns at once and the caller sleeps a poll interval)."""
+    def waiter(self, names: Sequence[str]) -> Waiter:
+        """A ``Waiter`` for an idle subscriber worker serving ``names``."""
+        return Waiter()
+
+
+class Waiter:
+    """Blocks an idle subscriber worker until a message may be claimable, by an event rather
+    than a timer wherever the backend has one (a publish, a dead letter sent back).
+
+    The fetcher calls ``arm()``, then claims once more, then ``wait()``: a publish after
+    ``arm()`` ends the wait, and one before it was seen by that claim, so no wake-up is lost
+    between an empty claim and the wait. ``interrupt()`` (another thread: shutdown) ends a
+    wait at once. This default, for a backend without a signal, is a bounded poll."""
+
+    poll = 0.05  # s: longest sleep of the polling default
+
+    def __init__(self) -> None:
+        self._interrupted = threading.Event()
+
+    def arm(self) -> None:  # noqa: B027 - nothing to record for a poll
+        """Record the point after which a publish ends ``wait``."""
+
+    def wait(self, timeout: float) -> None:
+        """Return after a publish since ``arm()``, an ``interrupt()``, or ``timeout`` s."""
+        self._interrupted.wait(min(timeout, self.poll))
+        self._interrupted.clear()
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    def close(self) -> None:  # noqa: B027 - nothing held by the default
+        """Free what the waiter holds (a connection)."""

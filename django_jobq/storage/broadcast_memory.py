@@ -21,6 +21,7 @@ from .broadcast_base import (
     Retention,
     Settle,
     SettleKind,
+    Waiter,
 )
 
 _OUTCOMES = {
@@ -67,6 +68,7 @@ class _Log:
     ids: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
     groups: dict[str, _Group] = field(default_factory=dict)
+    wakes: int = 0  # publishes and dead letters sent back: what ends a waiter's wait
 
 
 class MemoryBroadcasts(BroadcastStore):
@@ -109,6 +111,7 @@ class MemoryBroadcasts(BroadcastStore):
                 log.ids[m.message_id] = log.last_seq
                 out.append(Published(m.message_id, PublishOutcome.PUBLISHED, str(log.last_seq)))
             self._trim(log, retention, now)
+            log.wakes += 1
             self._cond.notify_all()
             return out
 
@@ -309,7 +312,7 @@ class MemoryBroadcasts(BroadcastStore):
     def retry_dead(self, name: str, group: str, positions: Sequence[str] | None = None) -> int:
         with self._cond:
             log, g, now, moved = self._log(name), self._group(name, group), self._now(), 0
-            wanted = None if positions is None else {int(p) for p in positions}
+            wanted = None if positions is None else {int(p) for p in positions if p.isdigit()}
             for seq, d in g.deliveries.items():
                 if d.state != "dead" or (wanted is not None and seq not in wanted):
                     continue
@@ -317,6 +320,7 @@ class MemoryBroadcasts(BroadcastStore):
                     continue  # retention dropped the message: the dead letter stays
                 d.state, d.due, d.failures, d.stalls = "retrying", now, 0, 0
                 moved += 1
+            log.wakes += 1
             self._cond.notify_all()
             return moved
 
@@ -328,6 +332,37 @@ class MemoryBroadcasts(BroadcastStore):
                 del g.deliveries[seq]
             return len(dead)
 
-    def wait(self, name: str, timeout: float) -> None:
-        with self._cond:
-            self._cond.wait(timeout)
+    def waiter(self, names: Sequence[str]) -> Waiter:
+        return _MemoryWaiter(self, names)
+
+
+class _MemoryWaiter(Waiter):
+    """Waits on the store's condition for a publish to one of ``names``."""
+
+    def __init__(self, store: MemoryBroadcasts, names: Sequence[str]) -> None:
+        super().__init__()
+        self.store, self.names = store, list(names)
+        self._seen: list[int] = []
+        self._stop = False
+
+    def _marks(self) -> list[int]:
+        return [self.store._log(n).wakes for n in self.names]
+
+    def arm(self) -> None:
+        with self.store._cond:
+            self._seen = self._marks()
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.store._cond:
+            while not self._stop and self._marks() == self._seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.store._cond.wait(remaining)
+            self._stop = False
+
+    def interrupt(self) -> None:
+        with self.store._cond:
+            self._stop = True
+            self.store._cond.notify_all()

@@ -34,6 +34,7 @@ from ..job import (
     JobRecord,
     NewJob,
     QueueLimits,
+    Retention,
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
@@ -108,6 +109,10 @@ class _Queue:
     group_claims: dict[str, deque] = field(default_factory=dict)
     failure_hook: bool = False  # permanent failures record a failure call
     failure_calls: dict[str, FailureCall] = field(default_factory=dict)  # call id -> call
+    retention: Retention = field(default_factory=Retention)
+    # Per final state with a retention policy: id -> the finished record, oldest finish first
+    # (the index Redis keeps in a ZSET). An entry whose id now holds another record is stale.
+    kept: dict[str, dict[str, _Rec]] = field(default_factory=dict)
 
 
 class MemoryStorage(Storage):
@@ -196,6 +201,7 @@ class MemoryStorage(Storage):
             q.jobs[succ.job_id] = succ
             self._due_at(q, succ, succ.run_at or 0, now)
             self._event(queue, q, succ, succ.state.value, now)
+        self._keep(queue, q, rec, now)
         self._cond.notify_all()
 
     def _record_failure_call(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
@@ -208,6 +214,40 @@ class MemoryStorage(Storage):
     def _cancel(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
         self._finish(q, rec, JobState.CANCELLED, now)
         self._event(queue, q, rec, "cancelled", now)
+        self._keep(queue, q, rec, now)
+
+    # -- retention (the same rules as includes/retain.lua) -----------------------------------
+
+    def _keep(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
+        """Index a record that is final (not one a successor replaced) and trim its state's
+        index to the policy's count at once (a dict pop per record: nothing to bound)."""
+        state = rec.state.value
+        keep = getattr(q.retention, state)
+        if keep is None or q.jobs.get(rec.job_id) is not rec:
+            return
+        index = q.kept.setdefault(state, {})
+        index.pop(rec.job_id, None)
+        index[rec.job_id] = rec
+        self._trim(queue, q, state, now, len(index))
+
+    def _trim(self, queue: str, q: _Queue, state: str, now: int, limit: int) -> int:
+        """Drop the oldest entries of ``state``'s index past the count or the age (their
+        records with them, each with a 'removed' event) and stale entries met on the way."""
+        index = q.kept.get(state, {})
+        keep = getattr(q.retention, state)
+        removed = 0
+        for job_id, rec in list(index.items())[:limit]:
+            live = q.jobs.get(job_id) is rec and rec.state.value == state
+            over = keep is None or (keep.count is not None and len(index) > keep.count)
+            over = over or (keep.age is not None and (rec.finished_at or 0) <= now - keep.age)
+            if live and not over:
+                break
+            del index[job_id]
+            if live and keep is not None:
+                del q.jobs[job_id]
+                self._event(queue, q, rec, "removed", now)
+                removed += 1
+        return removed
 
     def _cancel_successor(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
         succ = rec.successor
@@ -470,6 +510,7 @@ class MemoryStorage(Storage):
         return ClaimedJob(
             queue, rec.job_id, rec.payload, rec.token, rec.attempts, o.max_attempts,
             o.min_backoff, o.max_backoff, rec.content_type,
+            max(0, now - max(rec.created_at, rec.run_at or 0)),
         )  # fmt: skip
 
     def wait_for_jobs(
@@ -695,6 +736,7 @@ class MemoryStorage(Storage):
             key = q.keys.get(rec.dedup_key or "")
             if key is not None and key.rec is rec and key.mode is DedupMode.SIMPLE:
                 del q.keys[rec.dedup_key or ""]  # freed when it ended; a retry does not retake it
+            q.kept.get(rec.state.value, {}).pop(rec.job_id, None)
             rec.attempts = rec.stalls = 0
             rec.error = rec.result = rec.progress = None
             rec.cancel = ""
@@ -711,7 +753,9 @@ class MemoryStorage(Storage):
             for r in q.jobs.values()
             if r.state is JobState.FAILED and not (r.expires_at and r.expires_at <= now)
         ]
-        dead.sort(key=lambda r: (r.finished_at or 0, r.job_id), reverse=True)
+        # version is stamped at finish from a global counter: it orders failures within one
+        # millisecond, which the job id would not.
+        dead.sort(key=lambda r: (r.finished_at or 0, r.version), reverse=True)
         return dead
 
     def dead_letters(self, queue: str, offset: int = 0, limit: int = 100) -> list[JobRecord]:
@@ -834,6 +878,8 @@ class MemoryStorage(Storage):
                 report.expired += 1
             for name in [k for k, key in q.keys.items() if not self._held(q, key, now)]:
                 del q.keys[name]
+            for state in list(q.kept):
+                report.removed += self._trim(queue, q, state, now, limit)
             if expired:
                 self._cond.notify_all()
             return report
@@ -865,18 +911,23 @@ class MemoryStorage(Storage):
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
-        def key(event_id: str) -> tuple[int, int]:
-            ms, _, seq = event_id.partition("-")
-            return int(ms), int(seq or 0)
+        return self.read_events_many({queue: after}, count, block)[queue]
 
-        floor = key(after)
+    def read_events_many(
+        self, after: dict[str, str], count: int = 1000, block: float | None = None
+    ) -> dict[str, list[Event]]:
+        """One wait over every queue: each change notifies the storage's one condition."""
+        floors = {queue: _event_key(position) for queue, position in after.items()}
         deadline = time.monotonic() + (block or 0)
         with self._cond:
             while True:
-                events = [e for e in self._peek(queue).events if key(e.id) > floor][:count]
+                out = {
+                    queue: [e for e in self._peek(queue).events if _event_key(e.id) > floor][:count]
+                    for queue, floor in floors.items()
+                }
                 remaining = deadline - time.monotonic()
-                if events or not block or remaining <= 0:
-                    return events
+                if any(out.values()) or not block or remaining <= 0:
+                    return out
                 self._cond.wait(remaining)
 
     # -- failure handler calls --------------------------------------------------------------
@@ -964,6 +1015,14 @@ class MemoryStorage(Storage):
         with self._cond:
             return self._peek(queue).limits
 
+    def set_retention(self, queue: str, retention: Retention | None) -> None:
+        with self._cond:
+            self._q(queue).retention = retention or Retention()
+
+    def get_retention(self, queue: str) -> Retention:
+        with self._cond:
+            return self._peek(queue).retention
+
     def drain(self, queue: str, *, delayed: bool = True) -> int:
         with self._cond:
             now = self._now()
@@ -1044,3 +1103,8 @@ class MemoryStorage(Storage):
         with self._cond:
             now = self._now()
             return [rec for rec, expires in self._workers.values() if expires > now]
+
+
+def _event_key(event_id: str) -> tuple[int, int]:
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -72,10 +72,17 @@ class _RecordingFailureCaller(FailureCaller):
     runs: list[Run]
 
     def _settle(
-        self, queue: str, call: FailureCall, *, ok: bool, retry_in: int, error: bytes | None
+        self,
+        queue: str,
+        call: FailureCall,
+        *,
+        ok: bool,
+        retry_in: int,
+        error: bytes | None,
+        gave_up: bool = False,
     ) -> None:
-        super()._settle(queue, call, ok=ok, retry_in=retry_in, error=error)
-        outcome = AckOutcome.COMPLETED if ok else AckOutcome.FAILED
+        super()._settle(queue, call, ok=ok, retry_in=retry_in, error=error, gave_up=gave_up)
+        outcome = AckOutcome.COMPLETED if ok and not gave_up else AckOutcome.FAILED
         decoded = json.loads(error) if error else None
         self.runs.append(Run(queue, call.job_id, call.tries, outcome, None, decoded,
                              kind="on_failure"))  # fmt: skip

@@ -9,6 +9,7 @@ never writes (``NaN``, nesting deeper than any parser's stack).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from typing import Any
@@ -91,3 +92,21 @@ def test_odd_names_in_paths_answer_json_never_html_or_5xx(api, queue, job_id):
     for response in (api.get(path), api.get(path + "result/"), api.post(path + "cancel/")):
         assert_json_client_error(response)
         assert response.status_code in (400, 404), response.status_code
+
+
+def test_a_stored_non_finite_value_reads_back_spelled_not_as_a_500(api):
+    """New values cannot hold NaN or infinities (the serde refuses them), but a job written by
+    an older version, or through the storage by other means, can: every read of it still
+    answers strict JSON, the non-finite floats spelled as strings."""
+    queue = f"stale-{uuid.uuid4().hex[:10]}"
+    q = get_queue(queue)
+    stale = dataclasses.replace(q.build("stale-1", {"n": 1}), payload=b'{"n":NaN}')
+    q.storage.enqueue(queue, stale)
+    (claimed,) = q.storage.claim(queue, "old-worker", 1, 60_000).jobs
+    q.storage.complete(queue, "stale-1", claimed.token, b'{"v":[NaN,Infinity,-Infinity,1.5]}')
+    for path in ("", "result/"):
+        response = api.get(f"/jobq/queues/{queue}/jobs/stale-1/{path}")
+        assert response.status_code == 200, response.content[:300]
+        body = json.loads(response.content, parse_constant=pytest.fail)  # strict JSON
+        assert body["state"] == "completed"
+    assert body["value"] == {"v": ["NaN", "Infinity", "-Infinity", 1.5]}

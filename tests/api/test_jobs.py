@@ -278,3 +278,12 @@ def test_a_handler_returning_nan_leaves_a_job_the_api_can_read(api_backend, api)
     finally:
         worker.stop(hurry=True)
         worker.stopped.wait(10)
+
+
+def test_status_of_a_task_job_names_its_task(api):
+    from tests.test_tasks import add
+
+    add.using(queue=get_queue("tests-echo")).enqueue(1, 2, job_id="task-1")
+    get_queue("tests-echo").enqueue("plain-1", {"n": 1})
+    assert api.get(URL + "jobs/task-1/").json()["task"] == "tests.add"
+    assert api.get(URL + "jobs/plain-1/").json()["task"] is None

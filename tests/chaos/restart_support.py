@@ -21,11 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from tests.helpers import Spawner
+from tests.helpers import Spawner, worker_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "chaos-restart"
-LEDGER_DB = "jobq_journal_ledger"
+# Another suite (tests/cluster/) running beside this one names its own ledger database here.
+LEDGER_DB = os.environ.get("JOBQ_CHAOS_LEDGER_DB", "jobq_journal_ledger")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS enqueued (job_id text PRIMARY KEY, at double precision NOT NULL);
 CREATE TABLE IF NOT EXISTS executions (
@@ -193,10 +194,11 @@ class RestartableRedis:
 
 
 def free_port(first: int = 7200, last: int = 7299) -> int:
-    """A free loopback port of this test's range (7200-7299, see the task brief)."""
+    """A free loopback port of this test's range (7200-7299), in this xdist worker's share: a
+    restarted server's port is free for a moment and must not go to another worker."""
     import socket
 
-    for port in range(first, last + 1):
+    for port in worker_ports(range(first, last + 1)):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from django_jobq.storage.redis.connection import client_from_url
 
-from ..helpers import ROOT, wait_until
+from ..helpers import ROOT, wait_until, worker_ports
 
 # Ports of this suite's private servers and proxies (nothing else on the machine uses them).
-PORT_RANGE = range(7100, 7200)
+PORT_RANGE = worker_ports(range(7100, 7200))  # this xdist worker's share
 _next_port = iter(PORT_RANGE)
 
 

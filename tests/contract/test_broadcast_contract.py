@@ -270,3 +270,25 @@ def test_unsubscribe_forgets_the_group(store):
     assert store.unsubscribe(B, "g") is True
     assert [s.group for s in store.status(B)] == []
     assert store.unsubscribe(B, "g") is False
+
+
+def test_single_publishes_keep_retention_exact_and_deduplicate(store):
+    """One message per call (the database backends' hand-written path): each repeat is a
+    duplicate at the first one's position, maxlen holds after every call, and what the
+    retention drops before the group read it counts as missed."""
+    store.subscribe(B, "g", "earliest")
+    cap = Retention(maxlen=3)
+    for i in range(8):
+        first = publish(store, f"m{i}", retention=cap)[0]
+        again = publish(store, f"m{i}", retention=cap)[0]
+        assert first.outcome is PublishOutcome.PUBLISHED
+        assert (again.outcome, again.position) == (PublishOutcome.DUPLICATE, first.position)
+        assert store.length(B) == min(i + 1, 3)
+    g = status(store, "g")
+    assert (g.lag, g.missed) == (3, 5)
+    assert [d.message_id for d in claim(store, "g")] == ["m5", "m6", "m7"]
+    # the first publish of a new broadcast (no counter yet) and a dropped id published again
+    assert store.publish("other", [NewMessage("x", b"1", "json")], cap)[0].outcome is (
+        PublishOutcome.PUBLISHED
+    )
+    assert publish(store, "m0", retention=cap)[0].outcome is PublishOutcome.PUBLISHED

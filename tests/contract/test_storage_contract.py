@@ -19,7 +19,7 @@ from django_jobq.job import AckOutcome, CancelOutcome, EnqueueOutcome, JobOption
 from django_jobq.states import JobState, can_transition
 from django_jobq.storage.base import Ack
 
-from ..helpers import PATIENCE
+from ..helpers import PATIENCE, wait_until
 from .conftest import LONG_WAIT
 
 Q = "contract-q"
@@ -252,6 +252,54 @@ def test_ack_many_returns_outcomes_in_order(storage):
         ],
     )
     assert out == [AckOutcome.RELEASED, AckOutcome.COMPLETED, AckOutcome.RETRYING]
+
+
+def test_ack_many_checks_each_completion_on_its_own(storage):
+    """A worker's batch of completions: a stale token, a repeat within the batch, a job with a
+    waiter and a singleton run with a blocked successor are each settled by their own rules."""
+    for i in range(4):
+        storage.enqueue(Q, job(f"j{i}", waiter=(i == 2)))
+    c = {j.job_id: j for j in storage.claim(Q, "w1", 4, LEASE).jobs}
+    successor = storage.enqueue(Q, job("j3", b'"next"', singleton=True))
+    assert successor.state is JobState.BLOCKED
+    out = storage.ack_many(
+        Q,
+        [
+            Ack("complete", "j0", c["j0"].token + 1, b'"stale"'),
+            Ack("complete", "j1", c["j1"].token, b'"one"'),
+            Ack("complete", "j1", c["j1"].token, b'"again"'),
+            Ack("complete", "j2", c["j2"].token, b'"two"'),
+            Ack("complete", "j3", c["j3"].token, b'"three"'),
+        ],
+    )
+    assert out == [AckOutcome.LEASE_LOST, AckOutcome.COMPLETED, AckOutcome.LEASE_LOST,
+                   AckOutcome.COMPLETED, AckOutcome.COMPLETED]  # fmt: skip
+    assert storage.get_record(Q, "j0").state is JobState.ACTIVE
+    assert bytes(storage.get_record(Q, "j1").result) == b'"one"'
+    assert storage.wait_for_outcome(Q, "j2", 0).result == b'"two"'
+    after = storage.get_record(Q, "j3")  # the successor took the id, queued and fresh
+    assert (after.state, bytes(after.payload), after.attempts) == (JobState.QUEUED, b'"next"', 0)
+    assert [j.job_id for j in storage.claim(Q, "w1", 5, LEASE).jobs] == ["j3"]
+
+
+def test_enqueue_many_replaces_an_expired_record_and_keeps_order(storage, clock):
+    storage.enqueue(Q, job("old", result_ttl=50))
+    c = claim_one(storage)
+    storage.complete(Q, "old", c.token, b"1")
+    storage.enqueue(Q, job("live"))
+    # "old" expires and frees its id: Redis by its own clock (PEXPIRE), the others by the
+    # storage clock; move both.
+    clock.advance(100)
+    assert wait_until(lambda: storage.get_record(Q, "old") is None)
+    ids = ["b", "old", "a", "live", "c"]
+    out = storage.enqueue_many(Q, [job(i, waiter=True) for i in ids])
+    assert [(r.job_id, r.outcome) for r in out] == [
+        ("b", EnqueueOutcome.QUEUED), ("old", EnqueueOutcome.QUEUED),
+        ("a", EnqueueOutcome.QUEUED), ("live", EnqueueOutcome.DUPLICATE),
+        ("c", EnqueueOutcome.QUEUED),
+    ]  # fmt: skip
+    claimed = [j.job_id for j in storage.claim(Q, "w1", 10, LEASE).jobs]
+    assert claimed == ["live", "b", "old", "a", "c"]  # FIFO: the existing job first
 
 
 # -- heartbeat and stalled jobs -----------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
 from django_jobq import PermanentError, RateLimited, handler
 from django_jobq.broadcast import subscriber
 from django_jobq.celery_compat import celery_task
+from django_jobq.tasks import task
 
 
 @handler("tests-echo")
@@ -264,6 +266,8 @@ if os.environ.get("JOBQ_TEST_OTEL_LOG"):  # set by tests/test_tracing_processes.
                         "status": span.status.status_code.name,
                         "attributes": dict(span.attributes),
                         "events": [e.name for e in span.events],
+                        "links": [[ln.context.trace_id, ln.context.span_id]
+                                  for ln in span.links],
                     }) + "\n")  # fmt: skip
             return _Result.SUCCESS
 
@@ -281,5 +285,72 @@ def bcast_ledger(job):
     with Path(job.payload["ledger"]).open("a") as fh:
         fh.write(f"start {line}\n")
     time.sleep(job.payload.get("seconds", 0))
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"done {line}\n")
+
+
+@subscriber("tests-bcast-timeout", group="gamma", start="earliest", timeout=0.5, min_backoff=0,
+            max_backoff=0)  # fmt: skip
+def bcast_timeout(job):
+    """First attempt: runs until its 0.5 s timeout asks it to stop (``job.is_cancelled()``),
+    writes "stopped", and fails; the next attempt writes "done" (group, id, attempt, pid)."""
+    line = f"{job.meta['group']} {job.id} {job.attempt} {os.getpid()}"
+    if job.attempt == 1:
+        job.cancel_event.wait(60)
+        with Path(job.payload["ledger"]).open("a") as fh:
+            fh.write(f"stopped {line} {int(job.is_cancelled())}\n")
+        raise RuntimeError("stopped by its timeout")
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"done {line} 0\n")
+
+
+# Task functions (tests/test_tasks_processes.py): two job types on one queue, one async.
+@task(queue="tests-tasks", name="tests.proc.add", max_attempts=2)
+def proc_add(a: int, b: int = 0) -> dict:
+    return {"sum": a + b, "pid": os.getpid()}
+
+
+@task(queue="tests-tasks", name="tests.proc.shout")
+async def proc_shout(text: str) -> str:
+    return text.upper()
+
+
+# Task failure handlers and canvas handles (tests/test_task_handles_processes.py).
+def proc_doomed_told(payload, job, error):
+    """The failure handler of ``proc_doomed``: one "told" line (task, id, n, error, pid)."""
+    ledger, n = payload["args"]
+    with Path(ledger).open("a") as fh:
+        fh.write(f"told {job.task} {job.id} {n} {error['type']} {os.getpid()}\n")
+
+
+@task(queue="tests-tasks", name="tests.proc.doomed", max_attempts=1, on_failure=proc_doomed_told)
+def proc_doomed(ledger: str, n: int) -> None:
+    raise ValueError(f"doomed {n}")
+
+
+@task(queue="tests-tasks", name="tests.proc.inc", max_attempts=1)
+def proc_inc(x: int, fail: bool = False) -> int:
+    if fail:
+        raise PermanentError(f"inc({x}) told to fail")
+    return x + 1
+
+
+@task(queue="tests-tasks", name="tests.proc.total", max_attempts=1)
+def proc_total(values: list) -> int:
+    return sum(values)
+
+
+@subscriber("tests-bcast-hard", group="hung", start="earliest", hard_timeout=1, max_attempts=2,
+            min_backoff=0, max_backoff=0)  # fmt: skip
+@subscriber("tests-bcast-hard", group="calm", start="earliest")
+def bcast_hard(job):
+    """Appends "start"/"done" lines (group, id, attempt, pid) to payload["ledger"]. In group
+    "hung" the first attempt (every attempt when payload["always"]) never returns by itself:
+    only the process pool's hard timeout (1 s) ends it, by killing the child."""
+    line = f"{job.meta['group']} {job.id} {job.attempt} {os.getpid()}"
+    with Path(job.payload["ledger"]).open("a") as fh:
+        fh.write(f"start {line}\n")
+    if job.meta["group"] == "hung" and (job.attempt == 1 or job.payload.get("always")):
+        threading.Event().wait()  # never set
     with Path(job.payload["ledger"]).open("a") as fh:
         fh.write(f"done {line}\n")

@@ -14,7 +14,7 @@ from ...queue import Queue
 class Command(BaseCommand):
     help = (
         "Inspect and control queues: status, pause, resume, drain, clean, obliterate, limits, "
-        "promote."
+        "retention, promote."
     )
 
     def add_arguments(self, parser):
@@ -46,6 +46,14 @@ class Command(BaseCommand):
         limits.add_argument("--group-rate-window", type=int, metavar="MS")
         limits.add_argument("--concurrency", type=int)
         limits.add_argument("--clear", action="store_true", help="remove every limit")
+        retention = sub.add_parser(
+            "retention", help="show or set the retention of finished jobs (count and/or age)"
+        )
+        retention.add_argument("queue")
+        for state in STATES:
+            retention.add_argument(f"--{state}-count", type=int, metavar="N")
+            retention.add_argument(f"--{state}-age", type=int, metavar="MS")
+        retention.add_argument("--clear", action="store_true", help="remove the whole policy")
         promote = sub.add_parser("promote", help="run a scheduled job now")
         promote.add_argument("queue")
         promote.add_argument("job_id")
@@ -65,7 +73,13 @@ class Command(BaseCommand):
             limits = {k: v for k, v in vars_of(q.get_limits()).items() if v is not None}
             self.stdout.write(
                 json.dumps(
-                    {"queue": name, "paused": q.is_paused(), "counts": counts, "limits": limits}
+                    {
+                        "queue": name,
+                        "paused": q.is_paused(),
+                        "counts": counts,
+                        "limits": limits,
+                        "retention": policy_dict(q.get_retention()),
+                    }
                 )  # fmt: skip
             )
 
@@ -115,8 +129,34 @@ class Command(BaseCommand):
         limits = {k: v for k, v in vars_of(q.get_limits()).items() if v is not None}
         self.stdout.write(json.dumps({"queue": queue, "limits": limits}))
 
+    def do_retention(self, queue, clear, **options):
+        """States named on the command line are replaced (both bounds of a state: give both
+        to keep both); the others keep their policy; ``--clear`` first removes all."""
+        q = Queue(queue)
+        policy = {} if clear else policy_dict(q.get_retention())
+        for state in STATES:
+            count, age = options.get(f"{state}_count"), options.get(f"{state}_age")
+            if count is not None or age is not None:
+                policy[state] = {k: v for k, v in (("count", count), ("age", age)) if v is not None}
+        if clear or any(options.get(f"{s}_{b}") is not None for s in STATES
+                        for b in ("count", "age")):  # fmt: skip
+            q.set_retention(policy or None)
+        self.stdout.write(json.dumps({"queue": queue, "retention": policy_dict(q.get_retention())}))
+
     def do_promote(self, queue, job_id, **_):
         self.stdout.write(f"{queue}/{job_id}: {Queue(queue).promote(job_id).value}")
+
+
+STATES = ("completed", "failed", "cancelled")
+
+
+def policy_dict(retention) -> dict:
+    """A ``Retention`` in the settings' shape, bounds that are None left out."""
+    return {
+        state: {k: v for k, v in (("count", keep.count), ("age", keep.age)) if v is not None}
+        for state, keep in retention.items()
+        if keep is not None
+    }
 
 
 def vars_of(limits) -> dict:

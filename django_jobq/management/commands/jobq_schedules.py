@@ -9,8 +9,8 @@ from ...schedules import describe, fire_now, first_run, next_tick, schedules_ali
 
 class Command(BaseCommand):
     help = (
-        "List periodic schedules with their next run (in each schedule's time zone), or run one"
-        " now with --fire-now."
+        "List periodic schedules with their next run (in each schedule's time zone), run one"
+        " now with --fire-now, or sync JOBQ['SCHEDULES'] to rows with --sync."
     )
 
     def add_arguments(self, parser):
@@ -31,6 +31,12 @@ class Command(BaseCommand):
             help="with --fire-now: the schedule's queue (names are unique per queue)",
         )
         parser.add_argument(
+            "--sync",
+            action="store_true",
+            help="sync JOBQ['SCHEDULES'] to schedule rows (create, update, delete settings"
+            " rows; rows made in the admin are left alone), as the reaper does",
+        )
+        parser.add_argument(
             "--database",
             help="database alias of the schedules (default: the one the reaper reads)",
         )
@@ -38,6 +44,21 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         storage = get_storage()
         using = options["database"] or schedules_alias(storage)
+        if options["sync"]:
+            from ...errors import ConfigurationError
+            from ...schedule_sync import sync
+
+            try:
+                report = sync(using=using)
+            except ConfigurationError as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"synced: {report}")
+            if report.conflicts:
+                self.stderr.write(
+                    "conflicts: declared schedules whose queue/name belongs to a schedule made "
+                    f"in the admin (not applied): {', '.join(report.conflicts)}"
+                )
+            return
         if options["fire_now"]:
             name = options["fire_now"]
             found = Schedule.objects.using(using).filter(name=name)

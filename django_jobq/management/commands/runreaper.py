@@ -48,6 +48,10 @@ class Command(BaseCommand):
             reconcile=options["reconcile"],
         )
         if options["once"]:
+            if reaper.schedules:
+                synced = reaper.sync_schedules()  # JOBQ["SCHEDULES"] first, as run() does
+                if synced is not None and synced.changed:
+                    self.stdout.write(f"schedules synced: {synced}")
             for name, report in reaper.run_once().items():
                 self.stdout.write(
                     f"{name}: requeued {len(report.requeued)}, failed {len(report.failed)},"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import argparse
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -49,8 +49,9 @@ class Command(BaseCommand):
             "--pool",
             choices=POOLS,
             default="thread",
-            help="where handlers run: thread (default, I/O-bound), process (CPU-bound, hard "
-            "timeouts; one reused child process per slot) or async (async def handlers)",
+            help="where handlers (and subscribers) run: thread (default, I/O-bound), process "
+            "(CPU-bound, hard timeouts; one reused child process per slot) or async (async def "
+            "handlers)",
         )
         parser.add_argument(
             "--autoscale",
@@ -59,7 +60,19 @@ class Command(BaseCommand):
             help="move the number of jobs in flight between MIN and MAX from measured CPU use, "
             "slot use and handler latency (overrides --concurrency)",
         )
-        parser.add_argument("--worker-id", help="stable id (default: host-pid-random)")
+        parser.add_argument(
+            "--processes",
+            "-p",
+            type=int,
+            default=1,
+            help="fork this many worker processes after setting Django up once, and supervise "
+            "them (a dead one is replaced; SIGTERM stops them all gracefully); each has its "
+            "own worker id, leases and --concurrency slots (default 1: this process serves)",
+        )
+        parser.add_argument(
+            "--worker-id",
+            help="stable id (default: host-pid-random; with --processes, suffixed -0, -1, ...)",
+        )
         parser.add_argument(
             "--check",
             action="store_true",
@@ -115,13 +128,51 @@ class Command(BaseCommand):
         configure(options["verbosity"], options["log_format"])
         if options["check"]:
             self.check()
-        # Only --subscriber given: a subscriber worker (no queues unless named too).
+        if options["processes"] != 1:
+            return self._prefork(options)
+        return self._serve(options)
+
+    def _prefork(self, options: dict[str, Any]) -> None:
+        """``--processes N``: everything a worker imports is imported here, once (the
+        handlers' modules, the storage backend), the configuration is checked once, then N
+        children are forked (``prefork.py``), each serving as a single ``runworker`` would."""
+        from django.db import connections
+
+        from ...conf import get_storage, reset_storage
+        from ...prefork import Prefork
+
+        processes = options["processes"]
+        if processes < 1:
+            raise CommandError(f"--processes must be at least 1, got {processes}")
         queues = options["queues"] or ([] if options["subscriber"] else registry.queues())
-        subs = self._subscribers(options)
-        if not queues and subs is None:
+        # Refuse a bad configuration before forking, not N times after (each child in a loop).
+        subs = self._subscribers(options)  # also imports what each child's _serve imports
+        if queues:
+            self._worker(queues, dict(options, worker_id=None))
+        elif subs is None:
             raise CommandError("no queues given and no handlers registered (jobs.py modules)")
-        if not queues:  # subscribers only
-            return self._serve_subscribers(subs, options)
+        get_storage()  # imports the backend's client library in the parent
+
+        # No connection may cross the fork: each child opens its own.
+        reset_storage()
+        connections.close_all()
+        base_id, port = options["worker_id"], options["metrics_port"]
+
+        def serve(index: int) -> int:
+            reset_storage()  # the parent's (never connected) storage object stays unused
+            child = dict(options, processes=1)
+            if base_id:
+                child["worker_id"] = f"{base_id[:120]}-{index}"
+            if port:  # one endpoint per process: PORT, PORT+1, ...
+                child["metrics_port"] = port + index
+            self._serve(child)
+            return 0
+
+        status = Prefork(processes, serve).run()
+        if status:
+            raise CommandError("a worker process did not stop cleanly (see the log above)")
+
+    def _worker(self, queues: list[str], options: dict[str, Any]) -> Worker:
         try:
             worker = Worker(
                 queues,
@@ -138,16 +189,22 @@ class Command(BaseCommand):
             worker.check()
         except JobQError as exc:
             raise CommandError(str(exc)) from exc
+        return worker
 
+    def _serve(self, options: dict[str, Any]) -> None:
+        # Only --subscriber given: a subscriber worker (no queues unless named too).
+        queues = options["queues"] or ([] if options["subscriber"] else registry.queues())
+        subs = self._subscribers(options)
+        if not queues:  # subscribers only
+            if subs is None:
+                raise CommandError("no queues given and no handlers registered (jobs.py modules)")
+            return self._serve_subscribers(subs, options)
+        if subs is not None and options["worker_id"]:
+            # Both in one process: two registrations, so two ids (one would hide the other).
+            subs.worker_id = f"{subs.worker_id[:116]}-subscribers"
+        worker = self._worker(queues, options)
         bridge = self._bridge(options, worker)
-        metrics_server = None
-        if options["metrics_port"] is not None:
-            from ...metrics.server import serve
-
-            try:
-                metrics_server = serve(worker, options["metrics_port"], options["metrics_addr"])
-            except (JobQError, OSError) as exc:
-                raise CommandError(f"metrics endpoint: {exc}") from exc
+        metrics_server = self._metrics(worker, options)
 
         def on_signal(signum, frame):
             # First signal: graceful (finish in-flight within grace). Second: hurry. The bridge
@@ -197,17 +254,35 @@ class Command(BaseCommand):
                 lease=options["lease"],
                 grace=options["grace"],
                 worker_id=options["worker_id"],
+                pool=options["pool"],
             )
         except JobQError as exc:
             raise CommandError(str(exc)) from exc
 
+    def _metrics(self, worker: Worker | SubscriberWorker, options) -> Any:
+        """The ``--metrics-port`` endpoint of this process's worker, or None."""
+        if options["metrics_port"] is None:
+            return None
+        from ...metrics.server import serve
+
+        try:
+            return serve(worker, options["metrics_port"], options["metrics_addr"])
+        except (JobQError, OSError) as exc:
+            raise CommandError(f"metrics endpoint: {exc}") from exc
+
     def _serve_subscribers(self, subs: SubscriberWorker, options) -> None:
+        metrics_server = self._metrics(subs, options)
+
         def on_signal(signum, frame):
             subs.stop(hurry=subs.stopping)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        subs.run()
+        try:
+            subs.run()
+        finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
 
     def _bridge(self, options, worker: Worker) -> KombuBridge | None:
         conf = jobq_settings()["CELERY"]

@@ -10,7 +10,10 @@ holds which entry, and the fencing token is a per-entry counter, as for jobs.
 from __future__ import annotations
 
 import hashlib
+import time
+import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,9 @@ from ..broadcast_base import (
     PublishOutcome,
     Retention,
     Settle,
+    Waiter,
 )
+from .cluster import _Waits, cluster_blocking, is_cluster_client, key_slot
 from .connection import MAX_BLOCK_SECONDS, blocking_command
 from .scripts import _read
 
@@ -49,7 +54,7 @@ class BroadcastKeys:
     def for_broadcast(cls, prefix: str, name: str) -> BroadcastKeys:
         return cls("{" + f"{prefix}:bc:{name}" + "}")
 
-    def __getattr__(self, suffix: str) -> str:  # log, ids, meta, groups, missed
+    def __getattr__(self, suffix: str) -> str:  # log, ids, meta, groups, missed, nudge
         if suffix.startswith("_"):
             raise AttributeError(suffix)
         return f"{self.tag}:{suffix}"
@@ -297,7 +302,13 @@ class RedisBroadcasts(BroadcastStore):
         args = [self._now_arg(), group, "retry", *(positions or [])]
         if positions is not None and not positions:
             return 0
-        return int(self._call("bc_dead", [k.log, k.group_prefix], args))
+        moved = int(self._call("bc_dead", [k.log, k.group_prefix], args))
+        if moved:  # due now: wake the idle workers (they watch this stream beside the log)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(k.nudge, {"retry": group}, maxlen=1, approximate=False)
+            pipe.pexpire(k.nudge, 60_000)
+            pipe.execute()
+        return moved
 
     def purge_dead(self, name: str, group: str) -> int:
         k = self._k(name)
@@ -305,9 +316,77 @@ class RedisBroadcasts(BroadcastStore):
             self._call("bc_dead", [k.log, k.group_prefix], [self._now_arg(), group, "purge"])
         )
 
-    def wait(self, name: str, timeout: float) -> None:
-        """XREAD BLOCK on the stream from its newest entry: returns at the next publish."""
-        wait = min(max(timeout, 0.001), MAX_BLOCK_SECONDS)
-        blocking_command(
-            self.client, wait, "XREAD", "BLOCK", int(wait * 1000), "STREAMS", self._k(name).log, "$"
-        )
+    def waiter(self, names: Sequence[str]) -> Waiter:
+        return _RedisWaiter(self, [key for n in names for key in (self._k(n).log,
+                                                                   self._k(n).nudge)])  # fmt: skip
+
+
+class _RedisWaiter(Waiter):
+    """One ``XREAD BLOCK`` over every served stream, each broadcast's nudge stream (dead
+    letters sent back) and a wake stream of its own, from the newest entries seen at
+    ``arm()``: a publish to any served broadcast, a retry of its dead letters, or
+    ``interrupt()`` (an entry in the wake stream) ends it. On a Redis Cluster the streams of
+    several broadcasts are in different slots: one ``XREAD`` per slot, all blocked at once and
+    ended together (``cluster._Waits``), so a cluster is waited on without polling as well."""
+
+    def __init__(self, store: RedisBroadcasts, logs: list[str]) -> None:
+        super().__init__()
+        self.client = store.client
+        self.wake = f"{store.prefix}:bcwake:{uuid.uuid4().hex}"
+        self.keys = [*logs, self.wake]
+        self.ids: list[str] = ["$"] * len(self.keys)
+        self._slots: list[list[int]] | None = None  # key indexes by hash slot (cluster only)
+        self._waits: Any = None
+        if is_cluster_client(self.client):
+            by_slot: dict[int, list[int]] = {}
+            for index, key in enumerate(self.keys):
+                by_slot.setdefault(key_slot(key), []).append(index)
+            self._slots = list(by_slot.values())
+            if len(self._slots) > 1:
+                pool = ThreadPoolExecutor(len(self._slots), thread_name_prefix="jobq-bc-wait")
+                self._waits = _Waits(pool)
+
+    def arm(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.xrevrange(key, "+", "-", count=1)
+        self.ids = [_s(last[0][0]) if last else "0-0" for last in pipe.execute()]
+
+    def wait(self, timeout: float) -> None:
+        """Blocks of at most ``MAX_BLOCK_SECONDS`` (a partitioned server is noticed as for any
+        blocking call), from the same ids each time, until an entry or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                wait = min(max(remaining, 0.001), MAX_BLOCK_SECONDS)
+                if self._read(wait):
+                    return
+        finally:
+            self.ids = ["$"] * len(self.keys)  # until the next arm(): only what comes from now
+
+    def _read(self, wait: float) -> bool:
+        """One blocking read of every key from its id: True when any key had an entry."""
+        block = int(wait * 1000)
+        if self._slots is None:
+            args = ["XREAD", "BLOCK", block, "STREAMS", *self.keys, *self.ids]
+            return bool(blocking_command(self.client, wait, *args))
+        commands: list[tuple[str, tuple[Any, ...]]] = []
+        for indexes in self._slots:
+            keys = [self.keys[i] for i in indexes]
+            commands.append((keys[0], ("XREAD", "BLOCK", block, "STREAMS", *keys,
+                                       *[self.ids[i] for i in indexes])))  # fmt: skip
+        if self._waits is None:
+            key, command = commands[0]
+            return bool(cluster_blocking(self.client, key, wait, *command))
+        return any(self._waits.run(self.client, wait, commands))
+
+    def interrupt(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.wake, {"stop": 1}, maxlen=1)
+        pipe.pexpire(self.wake, 10_000)  # a worker that is gone must not leave it behind
+        pipe.execute()
+
+    def close(self) -> None:
+        self.client.delete(self.wake)
+        if self._waits is not None:
+            self._waits.pool.shutdown(wait=False)

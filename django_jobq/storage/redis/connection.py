@@ -18,6 +18,11 @@ COMMAND_TIMEOUT = 1.0
 
 
 def client_from_url(url: str, **options: Any) -> Any:
+    """A client of the server at ``url``; a ``redis+cluster://`` URL gives a ``RedisCluster``."""
+    from .cluster import cluster_client_from_url, is_cluster_url
+
+    if is_cluster_url(url):
+        return cluster_client_from_url(url, **options)
     import redis
     from redis.exceptions import ConnectionError
     from redis.retry import Retry
@@ -72,12 +77,33 @@ def blocking_command(client: Any, wait: float, *args: Any, **options: Any) -> An
     reading its reply with a timeout of ``wait`` plus ``COMMAND_TIMEOUT``: the client's socket
     timeout is sized for ordinary commands, and a partitioned server must not hold a caller
     much past its own deadline either. A stale pooled connection (refused, reset) is replaced
-    once, as the client's retry would for an ordinary command."""
+    once, as the client's retry would for an ordinary command. On a Redis Cluster the command
+    goes to the node owning its (first) key, see ``cluster.cluster_blocking``."""
+    if not hasattr(client, "connection_pool"):  # a RedisCluster: one pool per node
+        from .cluster import cluster_blocking
+
+        return cluster_blocking(client, _first_key(args), wait, *args, **options)
+    return single_node_blocking(client, wait, *args, **options)
+
+
+def _first_key(args: tuple[Any, ...]) -> str:
+    """The first key of BLPOP, XREAD or XREADGROUP (the commands ``blocking_command`` runs)."""
+    if args[0] == "BLPOP":
+        return str(args[1])
+    return str(args[list(args).index("STREAMS") + 1])
+
+
+def single_node_blocking(client: Any, wait: float, *args: Any, **options: Any) -> Any:
+    """``blocking_command`` on a client of one server. ``raw_reply=True``: the reply as the
+    parser gave it, without the client's callback (the mirror parses stream entries itself:
+    the callback's dict per entry was a fifth of its stream reads)."""
     from redis.exceptions import ConnectionError
+
+    raw = options.pop("raw_reply", False)
 
     pool = client.connection_pool
     for attempt in (1, 2):
-        conn = _get_connection(pool, args[0])
+        conn = pooled_connection(pool, args[0])
         try:
             conn.send_command(*args)
             response = _read_response(conn, wait + COMMAND_TIMEOUT)
@@ -88,11 +114,11 @@ def blocking_command(client: Any, wait: float, *args: Any, **options: Any) -> An
                 raise
         finally:
             pool.release(conn)
-    callback = client.response_callbacks.get(args[0])
+    callback = None if raw else client.response_callbacks.get(args[0])
     return callback(response, **options) if callback else response
 
 
-def _get_connection(pool: Any, command: str) -> Any:
+def pooled_connection(pool: Any, command: str) -> Any:
     """redis-py before 6 requires the command's name here; later versions deprecate it."""
     if _modern_client():
         return pool.get_connection()

@@ -10,6 +10,11 @@ validated before they get here (``validation.py``), so neither can break out of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from ...sharding import SEPARATOR, parse_partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +23,8 @@ class QueueKeys:
 
     @classmethod
     def for_queue(cls, prefix: str, queue: str) -> QueueKeys:
+        if SEPARATOR in queue:  # a partition of a sharded queue (sharding.py)
+            return cls(partition_tag(prefix, queue))
         return cls("{" + f"{prefix}:{queue}" + "}")
 
     @property
@@ -116,6 +123,16 @@ class QueueKeys:
         return self.onfail_prefix + member
 
     @property
+    def finished_prefix(self) -> str:
+        return f"{self.tag}:finished:"
+
+    def finished(self, state: str) -> str:
+        """ZSET of the queue's finished records of ``state`` (completed, failed, cancelled)
+        -> finish time ms, kept only while the queue has a retention policy for that state:
+        the oldest are removed past its count or age (includes/retain.lua)."""
+        return self.finished_prefix + state
+
+    @property
     def blocked(self) -> str:  # SET of ids that have a blocked singleton successor
         return f"{self.tag}:blocked"
 
@@ -124,7 +141,9 @@ class QueueKeys:
         """HASH of flow control read by every claim: paused, until (queue-wide postponement,
         ms) and the limits (rate_max, rate_window, group_rate_max, group_rate_window,
         concurrency); an absent field means no limit. Also the failure hook: onfail ("1":
-        permanent failures record a failure call) and onfail_seq (the calls' counter)."""
+        permanent failures record a failure call) and onfail_seq (the calls' counter), and
+        the retention policy: keep:completed, keep:failed, keep:cancelled ("<count>:<age
+        ms>", 0 = no bound of that kind; absent or "": none), read by the finishing steps."""
         return f"{self.tag}:config"
 
     @property
@@ -158,3 +177,34 @@ class GlobalKeys:
 
     def worker(self, worker_id: str) -> str:  # STRING JSON info, with a TTL
         return "{" + self.prefix + "}:worker:" + worker_id
+
+    @property
+    def mirror_gaps(self) -> str:  # HASH queue -> JSON of the mirror's latest gap (a resync)
+        return "{" + self.prefix + "}:mirror:gaps"
+
+    @property
+    def mirror_sampled(self) -> str:  # HASH queue -> JSON: mirrored as counts and a sample
+        return "{" + self.prefix + "}:mirror:sampled"
+
+
+@lru_cache(maxsize=4096)
+def partition_tag(prefix: str, queue: str) -> str:
+    """The hash tag of partition ``i`` of ``n``: ``{prefix:queue#s}`` with the smallest
+    ``s`` whose slot falls in the ``i``-th of ``n`` equal slot ranges. A cluster made by
+    ``redis-cli --cluster create`` gives each master one contiguous, equal range, so the
+    partitions of a queue land on as many masters as they can (n = masters: one each);
+    plain names would leave it to chance (three hashed names share a master 78 % of the
+    time). ``#`` is outside every queue name's charset, so no tag can equal another queue's.
+    About ``n`` CRC16 tries, once per process (cached)."""
+    parsed = parse_partition(queue)
+    if parsed is None:  # validated before it gets here; kept whole rather than guessed
+        return "{" + f"{prefix}:{queue}" + "}"
+    _, index, count = parsed
+    low = index * REDIS_CLUSTER_HASH_SLOTS // count
+    high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // count
+    salt = 0
+    while True:
+        tag = f"{prefix}:{queue}#{salt}"
+        if low <= key_slot(tag.encode()) < high:
+            return "{" + tag + "}"
+        salt += 1

@@ -1,5 +1,9 @@
 """Loads the Lua scripts once at import and runs them by SHA (EVALSHA, reloading on NOSCRIPT).
 
+A call costs one round trip while the script is cached: nothing asks Redis whether it is
+(no SCRIPT EXISTS); a NOSCRIPT reply (after a restart, failover or SCRIPT FLUSH) means the
+call did not run, so the scripts are loaded and it is sent again.
+
 A script may pull shared helpers with a line ``--@include name``; the loader inlines
 ``includes/name.lua`` there, so every script Redis sees is self-contained.
 """
@@ -7,12 +11,17 @@ A script may pull shared helpers with a line ``--@include name``; the loader inl
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError
+
+from .connection import pooled_connection
 
 LUA_DIR = Path(__file__).parent / "lua"
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
@@ -24,9 +33,9 @@ def _read(name: str) -> str:
 
 
 NAMES = (
-    "enqueue", "claim", "heartbeat", "complete", "complete_many", "fail", "release", "postpone",
-    "cancel", "change", "reap", "drain", "clean", "control", "retry", "report", "onfail_claim",
-    "onfail_settle",
+    "enqueue", "enqueue_one", "claim", "heartbeat", "complete", "complete_many", "fail",
+    "release", "postpone", "cancel", "change", "reap", "drain", "clean", "control", "retry",
+    "report", "onfail_claim", "onfail_settle", "records", "retain", "unwait",
 )  # fmt: skip
 SOURCES: dict[str, str] = {name: _read(name) for name in NAMES}
 SHAS: dict[str, str] = {
@@ -34,26 +43,146 @@ SHAS: dict[str, str] = {
     for name, src in SOURCES.items()
 }
 
+# A pool this large or larger lends ``call_packed`` a connection it keeps between calls (see
+# ``Scripts._take``); a smaller one is left alone, where one connection held back could make
+# another caller wait for one (``BlockingConnectionPool``) or fail ("Too many connections").
+KEEP_CONNECTION_MIN_POOL = 64
+
+
+class _Kept:
+    """The connection a pool lends ``call_packed`` between calls (see ``Scripts._take``)."""
+
+    __slots__ = ("conns", "pid")
+
+    def __init__(self) -> None:
+        # Weak: the pool holds its in-use connections, and a connection holds its pool
+        # (redis-py's maintenance handler); a strong reference here would keep both forever.
+        self.conns: list[weakref.ref[Any]] = []  # one, or two if two threads gave one back
+        self.pid = os.getpid()
+
+
+# One per pool, shared by every Scripts of its clients: the number of connections kept aside
+# does not grow with the number of storages made on one client (tests make thousands). Weak
+# both ways, so the pool, its connections and this entry go together.
+_KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_for(pool: Any) -> _Kept | None:
+    if getattr(pool, "max_connections", 0) < KEEP_CONNECTION_MIN_POOL:
+        return None
+    with _KEPT_LOCK:
+        kept = _KEPT.get(pool)
+        if kept is None:
+            kept = _KEPT[pool] = _Kept()
+        return kept
+
 
 class Scripts:
     """Runs scripts on one client; one round trip per call when the script is cached."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        # None for a client without one pool (a cluster client): call_packed then takes the
+        # client's own path.
+        self._pool = getattr(client, "connection_pool", None)
+        self._kept = None if self._pool is None else _kept_for(self._pool)
 
     def load_all(self) -> None:
         for source in SOURCES.values():
             self.client.script_load(source)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        # NOSCRIPT after a restart, failover or SCRIPT FLUSH: load the scripts and call again.
+        # Twice more at most: another SCRIPT FLUSH (or a second failover) can land between
+        # the load and the call, which a single reload turned into an error.
+        for attempt in range(3):
+            try:
+                return self.client.evalsha(SHAS[name], len(keys), *keys, *args)
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.load_all()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def call_packed(
+        self,
+        name: str,
+        packed: bytes,
+        arguments: Callable[[], tuple[Sequence[str], Sequence[Any]]],
+    ) -> Any:
+        """``call(name, *arguments())`` where ``packed`` is that EVALSHA already in the wire
+        format (RESP), written and read on a pooled connection directly (``arguments`` is
+        only called to send it again the ordinary way).
+
+        Why: on the hot single-job paths (one enqueue per call) redis-py's command layer
+        (argument packing, retry and event wrappers) costs more client time than the round
+        trip itself. The guarantees are the client's: a NOSCRIPT reply or a refused or reset
+        connection sends the call again through ``call`` (which loads the scripts, and retries
+        a connection error with the client's backoff: the scripts sent this way deduplicate
+        or fence a repeat), a timeout is raised without a retry, and a connection whose reply
+        may be left unread is closed, never reused."""
+        pool = self._pool
+        if pool is None:
+            return self.call(name, *arguments())
         try:
-            return self.client.evalsha(SHAS[name], len(keys), *keys, *args)
+            conn = self._take(pool)
+        except ConnectionError:  # refused: the client's path retries it with its backoff
+            return self.call(name, *arguments())
+        try:
+            conn.send_packed_command((packed,))
+            return conn.read_response()
         except NoScriptError:
-            self.load_all()  # after a restart, failover or SCRIPT FLUSH
-            return self.client.evalsha(SHAS[name], len(keys), *keys, *args)
+            pass  # the reply was read in full: the connection stays usable
+        except ConnectionError:
+            conn.disconnect()
+        except ResponseError:
+            raise  # an error reply, read in full (a script error, OOM)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._give(pool, conn)
+        return self.call(name, *arguments())
+
+    def _take(self, pool: Any) -> Any:
+        """A connection for ``call_packed``: the one kept from the last call, else the pool's.
+
+        Why keep one: taking a connection from redis-py 8's pool and giving it back (its lock,
+        four observability counters, a release event and a ``poll`` of the socket for unread
+        data) costs more client time than the rest of a lone enqueue's Python. The kept
+        connection stays counted as in use by the pool, so ``pool.disconnect()`` (the client's
+        ``close``) still closes it, and a later call connects it again. It only comes back
+        here after its reply was read in full, so it never holds a stale reply; a connection
+        the server closed meanwhile fails the call with ``ConnectionError``, which sends it
+        again the ordinary way, as for a pooled connection that went bad. After a fork the
+        parent's connection is dropped unused (the pool resets itself the same way)."""
+        kept = self._kept
+        if kept is not None and kept.conns:
+            try:
+                conn = kept.conns.pop()()
+            except IndexError:  # another thread took it between the test and the pop
+                pass
+            else:
+                if kept.pid == os.getpid() and conn is not None:
+                    return conn
+                kept.conns.clear()  # forked: the parent's, unused here (never closed here)
+                kept.pid = os.getpid()
+        return pooled_connection(pool, "EVALSHA")
+
+    def _give(self, pool: Any, conn: Any) -> None:
+        kept = self._kept
+        if kept is not None and not kept.conns and kept.pid == os.getpid():
+            kept.conns.append(weakref.ref(conn))
+        else:
+            pool.release(conn)
 
     def call_many(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Several script calls in one pipelined round trip."""
+        """Several script calls in one pipelined round trip. A single call goes without the
+        pipeline (the verdict of a quiet worker's only job, on the request/response path:
+        a pipeline object costs more client time than the call)."""
+        if len(calls) == 1:
+            return [self.call(*calls[0])]
         return self._run(calls, self._pipeline)
 
     def call_streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:

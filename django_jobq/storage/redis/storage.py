@@ -22,23 +22,33 @@ from ...job import (
     FailureCall,
     FinalOutcome,
     JobRecord,
+    Keep,
     NewJob,
     QueueLimits,
+    Retention,
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
 )
 from ...states import TERMINAL_STATES, JobState
 from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from . import roundtrip
+from .builders import positional_builder
 from .connection import MAX_BLOCK_SECONDS, blocking_command
 from .keys import GlobalKeys, QueueKeys
-from .scripts import Scripts
+from .scripts import SHAS, Scripts
 
 _ENQUEUE_CODES = {
     1: EnqueueOutcome.QUEUED,
     2: EnqueueOutcome.DUPLICATE,
     3: EnqueueOutcome.COMPLETED,
     4: EnqueueOutcome.UPDATED,
+}
+# A state as the scripts return it (bytes) -> JobState: a dict read instead of the enum's
+# constructor (a lone enqueue parses one state per call; bulk enqueues one per job).
+_STATES: dict[bytes | str, JobState] = {
+    **{state.value.encode(): state for state in JobState},
+    **{state.value: state for state in JobState},
 }
 _FAIL_CODES = {
     0: AckOutcome.LEASE_LOST, 2: AckOutcome.FAILED, 3: AckOutcome.RETRYING,
@@ -50,6 +60,7 @@ _ACK_DONE = {
     "postpone": AckOutcome.POSTPONED,
 }
 _LIMIT_FIELDS = ("rate_max", "rate_window", "group_rate_max", "group_rate_window", "concurrency")
+_RETAIN_STATES = ("completed", "failed", "cancelled")
 _UPDATE_FLAGS = (("data", "d"), ("max_attempts", "m"), ("backoff", "b"), ("reset_counts", "c"))
 ACK_CHUNK = 500  # completions per complete_many script call
 # Jobs per enqueue script call in bulk: small enough that Redis runs one call while the client
@@ -64,6 +75,7 @@ COMBINE_AFTER = 2
 # group spent its budget move to scheduled, so a later claim (woken by this one) looks further.
 GROUP_SCAN = 100
 DRAIN_CHUNK = 1000  # jobs cancelled per drain script call (one call blocks Redis that long)
+RECORDS_CHUNK = 500  # records per script call of get_records (one call blocks Redis that long)
 SCAN_CHUNK = 1000  # keys per SCAN step and per clean / obliterate call
 
 
@@ -83,41 +95,51 @@ def _opt_i(value: bytes | str | None) -> int | None:
     return None if value in (None, b"", "") else int(value)  # type: ignore[arg-type]
 
 
+#: The record fields ``get_records`` asks for (records.lua HMGETs them in this order).
+RECORD_FIELDS = (
+    "state", "attempts", "max_attempts", "stalls", "max_stalls", "priority", "created",
+    "run_at", "started", "finished", "worker", "result_ttl", "ctype", "payload", "result",
+    "error", "lifo", "group", "dedup", "min_backoff", "max_backoff", "succ", "progress", "logs",
+)  # fmt: skip
+RECORD_ARGS = (len(RECORD_FIELDS), *RECORD_FIELDS)
+
+
 def _record(queue: str, job_id: str, raw: dict, pttl: int, now: int) -> JobRecord | None:
     if not raw:
         return None
     f = {_s(key): value for key, value in raw.items()}
-    return JobRecord(
-        queue=queue,
-        job_id=job_id,
-        state=JobState(_s(f["state"])),
-        attempts=_i(f.get("attempts")),
-        max_attempts=_i(f.get("max_attempts")),
-        stalls=_i(f.get("stalls")),
-        max_stalls=_i(f.get("max_stalls")),
-        priority=_i(f.get("priority")),
-        created_at=_i(f.get("created")),
-        run_at=_opt_i(f.get("run_at")),
-        started_at=_opt_i(f.get("started")),
-        finished_at=_opt_i(f.get("finished")),
-        worker=_opt_s(f.get("worker")),
-        result_ttl=_i(f.get("result_ttl")),
-        content_type=_opt_s(f.get("ctype")) or "json",
-        payload=f.get("payload"),
-        result=f.get("result"),
-        error=f.get("error"),
-        expires_at=now + pttl if pttl and pttl > 0 else None,
-        lifo=_opt_s(f.get("lifo")) == "1",
-        group=_opt_s(f.get("group")),
-        dedup_key=_opt_s(f.get("dedup")),
-        min_backoff=_i(f.get("min_backoff")),
-        max_backoff=_i(f.get("max_backoff")),
-        has_successor=_opt_s(f.get("succ")) == "1",
-        progress=f.get("progress"),
-        logs=tuple((int(at), str(line)) for at, line in json.loads(f["logs"]))
-        if f.get("logs")
-        else (),
-    )
+    return _record_values(queue, job_id, [f.get(name) for name in RECORD_FIELDS], pttl, now)
+
+
+#: A record and an event built by position (builders.py: a third of a frozen init's time).
+_build_record = positional_builder(JobRecord)
+_build_event = positional_builder(Event)
+
+
+def _record_values(
+    queue: str, job_id: str, values: Sequence[Any], pttl: int, now: int
+) -> JobRecord | None:
+    """A record from its ``RECORD_FIELDS`` values (None where a field is absent): no field
+    names to decode, which was most of the cost of reading records for the mirror. Numbers
+    are read as ``_i`` and ``_opt_i`` read them (absent or empty: 0 or None), inline."""
+    (state, attempts, max_attempts, stalls, max_stalls, priority, created, run_at, started,
+     finished, worker, result_ttl, ctype, payload, result, error, lifo, group, dedup,
+     min_backoff, max_backoff, succ, progress, logs) = values  # fmt: skip
+    if state is None:  # every record has a state: the key is gone
+        return None
+    return _build_record(
+        queue, job_id, _STATES.get(state) or JobState(_s(state)),
+        int(attempts) if attempts else 0, int(max_attempts) if max_attempts else 0,
+        int(stalls) if stalls else 0, int(max_stalls) if max_stalls else 0,
+        int(priority) if priority else 0, int(created) if created else 0,
+        int(run_at) if run_at else None, int(started) if started else None,
+        int(finished) if finished else None, _opt_s(worker),
+        int(result_ttl) if result_ttl else 0, _opt_s(ctype) or "json", payload, result, error,
+        now + pttl if pttl and pttl > 0 else None, lifo in (b"1", "1"), _opt_s(group),
+        _opt_s(dedup), int(min_backoff) if min_backoff else 0,
+        int(max_backoff) if max_backoff else 0, succ in (b"1", "1"), progress,
+        tuple((int(at), str(line)) for at, line in json.loads(logs)) if logs else (),
+    )  # fmt: skip
 
 
 _CALL_FIELDS = (
@@ -140,10 +162,38 @@ def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
     that are not UTF-8) becomes an event with what could be read (``at`` from the entry id,
     a missing job as ""), so that one bad entry never makes every read of the stream fail."""
     try:
+        if isinstance(event_id, bytes):  # the client's usual replies: read bytes keys directly
+            worker = fields.get(b"worker")
+            return Event(
+                event_id.decode(), queue, fields[b"job"].decode(), fields[b"kind"].decode(),
+                int(fields[b"at"]), None if worker is None else worker.decode(),
+            )  # fmt: skip
         f = {_s(a): _s(b) for a, b in fields.items()}
         return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
-    except (KeyError, ValueError):  # UnicodeDecodeError is a ValueError
+    except (KeyError, ValueError, AttributeError):  # UnicodeDecodeError is a ValueError
         return _odd_event(queue, event_id, fields)
+
+
+def _flat_event(queue: str, event_id: bytes | str, fields: Any) -> Event:
+    """An entry from its fields as the server sent them (``[name, value, ...]``). The entries
+    our scripts write (job, kind, at[, worker], in that order: includes/common.lua ``emit``)
+    are read by position; any other shape goes through ``_event``."""
+    n = len(fields) if isinstance(fields, list) else 0
+    if (
+        (n == 6 or (n == 8 and fields[6] == b"worker"))
+        and fields[0] == b"job" and fields[2] == b"kind" and fields[4] == b"at"
+        and isinstance(event_id, bytes)
+    ):  # fmt: skip
+        try:
+            return _build_event(
+                event_id.decode(), queue, fields[1].decode(), fields[3].decode(),
+                int(fields[5]), fields[7].decode() if n == 8 else None,
+            )  # fmt: skip
+        except (ValueError, AttributeError):  # not UTF-8, not a number: read as far as it goes
+            pass
+    if isinstance(fields, list):
+        fields = dict(zip(fields[::2], fields[1::2], strict=False))
+    return _event(queue, event_id, fields)
 
 
 def _odd_event(queue: str, event_id: bytes | str, fields: dict) -> Event:
@@ -162,6 +212,21 @@ def _odd_event(queue: str, event_id: bytes | str, fields: dict) -> Event:
 def _stream_id(value: str) -> tuple[int, int]:
     ms, _, seq = value.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _resp(value: Any) -> bytes:
+    """One argument in the wire format (RESP bulk string), encoded as redis-py encodes it."""
+    if isinstance(value, str):
+        value = value.encode()
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = b"%d" % value
+    elif not isinstance(value, bytes):
+        raise TypeError(f"cannot pack {type(value).__name__}")
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+# Single enqueues whose head (everything up to the job's own three arguments) is kept packed.
+PACKED_HEADS = 256
 
 
 def _glob_escape(text: str) -> str:
@@ -249,6 +314,15 @@ class _Combiner:
 class RedisStorage(Storage):
     supports_journal = True
 
+    def __new__(cls, client: Any, *args: Any, **kwargs: Any) -> RedisStorage:
+        """A ``RedisCluster`` client (no single connection pool) gets the cluster variant,
+        which splits the steps that span several queues' slots (``cluster.py``)."""
+        if cls is RedisStorage and not hasattr(client, "connection_pool"):
+            from .cluster import ClusterRedisStorage
+
+            return super().__new__(ClusterRedisStorage)
+        return super().__new__(cls)
+
     def __init__(
         self,
         client: Any,
@@ -266,6 +340,9 @@ class RedisStorage(Storage):
         self._keys: dict[str, QueueKeys] = {}
         self._settle: dict[str, list[str]] = {}
         self._combiners: dict[str, _Combiner] = {}
+        self._heads: dict[tuple, bytes] = {}
+        self._ack_heads: dict[str, bytes] = {}  # packed complete_many heads (_complete_one)
+        self._wait_heads: dict[tuple, bytes] = {}  # packed wait-and-claim heads (roundtrip.py)
 
     def unavailable(self, exc: Exception) -> StorageUnavailable | None:
         """redis-py's errors of an unreachable server (refused, reset, timed out, still
@@ -361,12 +438,8 @@ class RedisStorage(Storage):
                 code -= 10
             out.append(
                 StoredEnqueue(
-                    _ENQUEUE_CODES[code],
-                    job_id,
-                    JobState(_s(state)),
-                    result or None,
-                    error or None,
-                )  # fmt: skip
+                    _ENQUEUE_CODES[code], job_id, _STATES[state], result or None, error or None
+                )
             )
         return out
 
@@ -401,10 +474,58 @@ class RedisStorage(Storage):
             raise slot.error
         return slot.result  # type: ignore[return-value]
 
+    def _packed_one(self, queue: str, job: NewJob) -> bytes | None:
+        """The call of one plain job (no scheduling set) as wire bytes, or None when it is not
+        plain or a clock is injected (its ``now`` changes every call). The script is
+        ``enqueue_one``, enqueue's rules for such a job without its loop and set table, with
+        the same arguments.
+
+        Jobs of one queue with the same options share everything but their id and payload,
+        so that head (the script's SHA, ten keys, the option set) is packed once per queue and
+        option set and kept; a call then packs two arguments. ``_enqueue_call`` stays the one
+        definition of the arguments: the head is cut from its output."""
+        if (
+            self.clock is not None or job.lifo or job.singleton or job.group is not None
+            or job.update is not None or job.dedup is not None
+        ):  # fmt: skip
+            return None
+        o = job.options
+        key = (
+            queue, job.content_type, o.max_attempts, o.result_ttl, o.min_backoff,
+            o.max_backoff, o.max_stalls, o.priority, job.run_at or 0, job.waiter, job.delay,
+        )  # fmt: skip
+        head = self._heads.get(key)
+        if head is None:
+            _, keys, args = self._enqueue_call(queue, [job])
+            try:
+                parts = [_resp(x) for x in ("EVALSHA", SHAS["enqueue_one"], len(keys), *keys)]
+                parts += [_resp(x) for x in args[:-3]]
+            except TypeError:
+                return None
+            if len(self._heads) >= PACKED_HEADS:  # e.g. many distinct run_at values
+                self._heads.clear()
+            head = self._heads[key] = b"*%d\r\n" % (3 + len(keys) + len(args)) + b"".join(parts)
+        job_id, payload = job.job_id.encode(), job.payload
+        if not isinstance(payload, bytes):
+            return None
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (
+            head,
+            len(job_id),
+            job_id,
+            len(payload),
+            payload,
+        )
+
     def _run_batch(self, queue: str, batch: list[_Slot]) -> None:
         jobs = [s.job for s in batch]
         try:
-            raw = self.scripts.call(*self._enqueue_call(queue, jobs))
+            packed = self._packed_one(queue, jobs[0]) if len(jobs) == 1 else None
+            if packed is not None:
+                raw = self.scripts.call_packed(
+                    "enqueue_one", packed, lambda: self._enqueue_call(queue, jobs)[1:]
+                )
+            else:
+                raw = self.scripts.call(*self._enqueue_call(queue, jobs))
             results = self._parse_enqueue(jobs, raw)
         except BaseException as exc:  # every job of the call shares its fate
             for s in batch:
@@ -427,17 +548,28 @@ class RedisStorage(Storage):
     # -- worker -----------------------------------------------------------------------------
 
     def claim(self, queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:
+        return self._parse_claim(
+            queue, self.scripts.call("claim", *self._claim_call(queue, worker_id, count, lease_ms))
+        )
+
+    def _claim_call(
+        self, queue: str, worker_id: str, count: int, lease_ms: int
+    ) -> tuple[list[str], list[Any]]:
         k = self.keys(queue)
-        raw = self.scripts.call(
-            "claim",
+        return (
             [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
              k.rate, k.group_rate_prefix, k.capped],
             [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN,
              secrets.randbelow(1000)],
         )  # fmt: skip
+
+    @staticmethod
+    def _parse_claim(queue: str, raw: list) -> ClaimBatch:
         batch = ClaimBatch(next_due_in=None if raw[0] == -1 else raw[0])
-        for i in range(1, len(raw), 8):
-            job_id, token, attempt, max_attempts, min_b, max_b, ctype, payload = raw[i : i + 8]
+        for i in range(1, len(raw), 9):
+            job_id, token, attempt, max_attempts, min_b, max_b, ctype, payload, waited = raw[
+                i : i + 9
+            ]
             ctype = _opt_s(ctype) or "json"
             batch.jobs.append(
                 ClaimedJob(
@@ -450,6 +582,7 @@ class RedisStorage(Storage):
                     min_b,
                     max_b,
                     ctype,
+                    waited,
                 )  # fmt: skip
             )
         return batch
@@ -465,10 +598,17 @@ class RedisStorage(Storage):
             keys.append(self.keys(queues[0]).worker_wake(worker_id))
         blocking_command(self.client, timeout, "BLPOP", *keys, timeout)
 
+    def wait_and_claim(
+        self, queue: str, worker_id: str, count: int, lease_ms: int, timeout: float
+    ) -> ClaimBatch | None:
+        return roundtrip.wait_and_claim(self, queue, worker_id, count, lease_ms, timeout)
+
     def interrupt_wait(self, queues: Sequence[str], worker_id: str) -> None:
+        # Two markers: one ends the worker's BLPOP, the other tells the claim sent behind it
+        # (wait_and_claim) to claim nothing. Both expire with the key.
         key = self.keys(queues[0]).worker_wake(worker_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.rpush(key, "1")
+        pipe.rpush(key, "1", "1")
         pipe.pexpire(key, 10_000)  # a worker that is gone must not leave it behind
         pipe.execute()
 
@@ -489,13 +629,15 @@ class RedisStorage(Storage):
         head = [self._now_arg(), self.events_maxlen, ack.job_id, ack.token]
         if ack.kind == "complete":
             keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
-            return "complete", keys + self._settle_keys(queue), [*head, ack.body]
+            keys += [*self._settle_keys(queue), k.dead, k.config, k.finished_prefix]
+            return "complete", keys, [*head, ack.body]
         if ack.kind in ("fail", "cancel"):
             keys = [k.job(ack.job_id), k.active, k.stats, k.done(ack.job_id), k.capped]
             cancel = ack.kind == "cancel"
             args = [*head, ack.body, ack.retry_in or 0, 1 if ack.permanent or cancel else 0,
                     "cancelled" if cancel else ""]  # fmt: skip
             keys += [*self._settle_keys(queue), k.dead, k.config, k.onfail, k.onfail_prefix]
+            keys.append(k.finished_prefix)
             return "fail", keys, args
         if ack.kind == "postpone":
             keys = [k.job(ack.job_id), k.active, k.scheduled, k.wake, k.events, k.config]
@@ -516,17 +658,14 @@ class RedisStorage(Storage):
         """Completions go as ``complete_many`` calls of up to ACK_CHUNK jobs (one script call
         per chunk instead of one per job: the drain's main Redis and client cost); failures
         and releases as their own scripts; all in one pipelined round trip."""
-        k = self.keys(queue)
+        if len(acks) == 1 and acks[0].kind == "complete":
+            return self._complete_one(queue, acks[0])
         completes = [i for i, a in enumerate(acks) if a.kind == "complete"]
         others = [i for i, a in enumerate(acks) if a.kind != "complete"]
         calls: list[tuple[str, list, list]] = []
         chunks = [completes[s : s + ACK_CHUNK] for s in range(0, len(completes), ACK_CHUNK)]
         for chunk in chunks:
-            args: list[Any] = [self._now_arg(), self.events_maxlen]
-            for i in chunk:
-                args += [acks[i].job_id, acks[i].token, acks[i].body]
-            keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue)]
-            calls.append(("complete_many", keys, args))
+            calls.append(("complete_many", *self._complete_call(queue, [acks[i] for i in chunk])))
         calls += [self._ack_call(queue, acks[i]) for i in others]
         raws = self.scripts.call_many(calls)
         out: list[AckOutcome | None] = [None] * len(acks)
@@ -536,6 +675,45 @@ class RedisStorage(Storage):
         for i, raw in zip(others, raws[len(chunks) :], strict=True):
             out[i] = self._parse_ack(acks[i].kind, raw)
         return out  # type: ignore[return-value]
+
+    def _complete_call(self, queue: str, acks: Sequence[Ack]) -> tuple[list, list]:
+        """Keys and arguments of one ``complete_many`` call (the one definition of both)."""
+        k = self.keys(queue)
+        args: list[Any] = [self._now_arg(), self.events_maxlen]
+        for ack in acks:
+            args += [ack.job_id, ack.token, ack.body]
+        keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue),
+                k.dead, k.config, k.finished_prefix]  # fmt: skip
+        return keys, args
+
+    def _complete_one(self, queue: str, ack: Ack) -> list[AckOutcome]:
+        """A quiet worker's single completion (the request/response path), sent as bytes:
+        the head of the call (SHA, keys, ``now`` and MAXLEN) is packed once per queue, as
+        ``_packed_one`` does for enqueues, so only the job's three arguments are packed per
+        call. With an injected clock (``now`` changes) or a body that is not bytes it goes
+        the ordinary way."""
+        head = self._ack_heads.get(queue)
+        if head is None and self.clock is None:
+            head = self._ack_head(queue)
+        if head is None or not isinstance(ack.body, bytes):
+            raw = self.scripts.call("complete_many", *self._complete_call(queue, [ack]))
+        else:
+            packed = b"%s%s%s%s" % (head, _resp(ack.job_id), _resp(ack.token), _resp(ack.body))
+            raw = self.scripts.call_packed(
+                "complete_many", packed, lambda: self._complete_call(queue, [ack])
+            )
+        return [AckOutcome.COMPLETED if raw[0] == 1 else AckOutcome.LEASE_LOST]
+
+    def _ack_head(self, queue: str) -> bytes:
+        """Everything of a one-job ``complete_many`` call but the job's own three arguments,
+        in the wire format; cut from ``_complete_call``'s output, the one definition."""
+        keys, args = self._complete_call(queue, [])
+        parts = [_resp(x) for x in ("EVALSHA", SHAS["complete_many"], len(keys), *keys, *args)]
+        if len(self._ack_heads) >= PACKED_HEADS:
+            self._ack_heads.clear()
+        head = b"*%d\r\n%s" % (3 + len(keys) + len(args) + 3, b"".join(parts))
+        self._ack_heads[queue] = head
+        return head
 
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
         return self._ack(queue, Ack("complete", job_id, token, result))
@@ -586,7 +764,8 @@ class RedisStorage(Storage):
         raw = self.scripts.call(
             "cancel",
             [k.job(job_id), k.queued, k.scheduled, k.events, k.stats, k.done(job_id),
-             k.succ(job_id), k.blocked, k.dedup_prefix],
+             k.succ(job_id), k.blocked, k.dedup_prefix, k.job_prefix, k.dead, k.config,
+             k.finished_prefix],
             [self._now_arg(), self.events_maxlen, job_id, mode],
         )  # fmt: skip
         return CancelOutcome(_s(raw))
@@ -627,7 +806,7 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "retry",
-            [k.job(job_id), k.queued, k.dead, k.wake, k.events],
+            [k.job(job_id), k.queued, k.dead, k.wake, k.events, k.finished_prefix],
             [self._now_arg(), self.events_maxlen, job_id],
         )
         return RetryOutcome(_s(raw))
@@ -670,11 +849,15 @@ class RedisStorage(Storage):
             if not batch:
                 return deleted
             args = [self._now_arg(), 0, JobState.FAILED.value, *batch]
-            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
+            deleted += [_s(i) for i in self.scripts.call("clean", self._clean_keys(queue), args)]
             if job_ids is None:
                 # Entries that were not failed any more (retried in between) leave too, so
                 # the loop always makes progress.
                 self.client.zrem(k.dead, *batch)
+
+    def _clean_keys(self, queue: str) -> list[str]:
+        k = self.keys(queue)
+        return [k.job_prefix, k.dead, k.finished_prefix]
 
     def delete_finished(self, queue: str, job_ids: Sequence[str]) -> int:
         return len(self.delete_finished_ids(queue, job_ids))
@@ -682,30 +865,31 @@ class RedisStorage(Storage):
     def delete_finished_ids(self, queue: str, job_ids: Sequence[str]) -> list[str]:
         """``delete_finished``, returning the deleted ids (journal mode deletes their entries).
         clean.lua with no age limit: it re-checks each record's state before deleting."""
-        k = self.keys(queue)
         ids = list(dict.fromkeys(job_ids))
         states = ",".join(s.value for s in TERMINAL_STATES)
         deleted: list[str] = []
         for start in range(0, len(ids), SCAN_CHUNK):
             args = [self._now_arg(), 0, states, *ids[start : start + SCAN_CHUNK]]
-            deleted += [_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args)]
+            deleted += [_s(i) for i in self.scripts.call("clean", self._clean_keys(queue), args)]
         return deleted
 
     def get_record(self, queue: str, job_id: str) -> JobRecord | None:
         return self.get_records(queue, [job_id])[job_id]
 
     def get_records(self, queue: str, job_ids: Sequence[str]) -> dict[str, JobRecord | None]:
-        """Several records in one round trip (the mirror reads each batch's jobs this way)."""
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hgetall(self.keys(queue).job(job_id))
-            pipe.pttl(self.keys(queue).job(job_id))
-        replies = pipe.execute()
+        """Several records in one round trip per ``RECORDS_CHUNK`` ids (the mirror reads each
+        batch's jobs this way): one script call whose nested reply the client parses in C,
+        not a pipeline of two commands per job."""
+        prefix = self.keys(queue).job_prefix
         now = int(time.time() * 1000)
-        return {
-            job_id: _record(queue, job_id, replies[2 * i], replies[2 * i + 1], now)
-            for i, job_id in enumerate(job_ids)
-        }
+        records: dict[str, JobRecord | None] = {}
+        ids = list(job_ids)
+        for start in range(0, len(ids), RECORDS_CHUNK):
+            part = ids[start : start + RECORDS_CHUNK]
+            replies = self.scripts.call("records", [prefix], [*RECORD_ARGS, *part])
+            for job_id, (values, pttl) in zip(part, replies, strict=True):
+                records[job_id] = _record_values(queue, job_id, values, pttl, now)
+        return records
 
     def oldest_waiting_ms(self, queue: str, sample: int = 100) -> int | None:
         """Epoch ms since which the longest-waiting queued job has been runnable (its
@@ -749,33 +933,58 @@ class RedisStorage(Storage):
         return [None if raw is None else JobState(_s(raw)) for raw in pipe.execute()]
 
     def wait_for_outcome(self, queue: str, job_id: str, timeout: float) -> FinalOutcome | None:
+        return self._outcome_by(queue, job_id, time.monotonic() + timeout)
+
+    def _outcome_by(self, queue: str, job_id: str, deadline: float) -> FinalOutcome | None:
+        """BLPOP the job's reply list until ``deadline`` (monotonic); then give up the wait."""
         done_key = self.keys(queue).done(job_id)
-        deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             wait = min(remaining, MAX_BLOCK_SECONDS)
             popped = blocking_command(self.client, wait, "BLPOP", done_key, wait)
             if popped:
-                state, _, body = popped[1].partition(b"\n")
-                st = JobState(state.decode())
-                return FinalOutcome(
-                    st,
-                    body if st is JobState.COMPLETED else None,
-                    body if st is JobState.FAILED else None,
-                )
-        # A push may have raced our last timeout: the record has the final word.
+                return roundtrip.outcome(popped[1])
+        return self._unwait(queue, job_id)
+
+    def _unwait(self, queue: str, job_id: str) -> FinalOutcome | None:
+        """A wait that timed out withdraws its registration in one step (``unwait.lua``), so
+        the job's finish pushes no reply that nobody will read; if the job finished in the
+        meantime, the reply pushed for this waiter is taken instead."""
+        k = self.keys(queue)
+        message = self.scripts.call("unwait", [k.job(job_id), k.done(job_id)], [])
+        if message:
+            return roundtrip.outcome(message)
+        # The record has the final word (a reply list that expired before it was read).
         record = self.get_record(queue, job_id)
         if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
             return FinalOutcome(record.state, record.result, record.error)
         return None
 
+    def enqueue_and_wait(
+        self, queue: str, job: NewJob, timeout: float
+    ) -> tuple[StoredEnqueue, FinalOutcome | None]:
+        answer = roundtrip.enqueue_and_wait(self, queue, job, timeout)
+        if answer is None:  # not one plain job, a cluster, or the scripts were flushed
+            return super().enqueue_and_wait(queue, job, timeout)
+        return answer
+
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         k = self.keys(queue)
         keys = [k.done_prefix, k.active, k.stats, k.capped, *self._settle_keys(queue), k.dead]
-        keys += [k.config, k.onfail, k.onfail_prefix]
+        keys += [k.config, k.onfail, k.onfail_prefix, k.finished_prefix]
         raw = self.scripts.call("reap", keys, [self._now_arg(), self.events_maxlen, limit])
         promoted, n_requeued = raw[0], raw[1]
         ids = [_s(x) for x in raw[2:]]
-        return ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
+        report = ReapReport(ids[:n_requeued], ids[n_requeued:], promoted)
+        report.removed = self.retain(queue, limit)
+        return report
+
+    def retain(self, queue: str, limit: int = 1000) -> int:
+        """The reaper's share of retention (retain.lua): one call that looks at most at
+        ``limit`` entries of each state's index. Returns the records it removed."""
+        k = self.keys(queue)
+        keys = [k.config, k.finished_prefix, k.job_prefix, k.dead, k.events]
+        removed, _ = self.scripts.call("retain", keys, [self._now_arg(), self.events_maxlen, limit])
+        return int(removed)
 
     def counts(self, queue: str) -> dict[JobState, int]:
         k = self.keys(queue)
@@ -825,6 +1034,33 @@ class RedisStorage(Storage):
             for _stream, entries in reply or []
             for eid, fields in entries
         ]
+
+    def read_events_many(
+        self, after: dict[str, str], count: int = 1000, block: float | None = None
+    ) -> dict[str, list[Event]]:
+        """One ``XREAD`` over every queue's stream (blocking: one wait over them all)."""
+        by_key = {self.keys(q).events: q for q in after}
+        streams = ["STREAMS", *by_key, *after.values()]
+        if not block:
+            reply = self.client.execute_command("XREAD", "COUNT", count, *streams)
+        else:
+            wait = min(block, MAX_BLOCK_SECONDS)
+            reply = blocking_command(
+                self.client, wait, "XREAD", "COUNT", count, "BLOCK", int(wait * 1000), *streams
+            )
+        return self._stream_events(after, by_key, [reply])
+
+    @staticmethod
+    def _stream_events(
+        after: dict[str, str], by_key: dict[str, str], replies: list[Any]
+    ) -> dict[str, list[Event]]:
+        """XREAD replies (each a list of [stream, entries], or None) as events per queue."""
+        out: dict[str, list[Event]] = {q: [] for q in after}
+        for reply in replies:
+            for stream, entries in reply or []:
+                queue = by_key[_s(stream)]
+                out[queue] += [_event(queue, eid, fields) for eid, fields in entries]
+        return out
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -906,11 +1142,29 @@ class RedisStorage(Storage):
         values = self.client.hmget(self.keys(queue).config, *_LIMIT_FIELDS)
         return QueueLimits(**{n: _opt_i(v) for n, v in zip(_LIMIT_FIELDS, values, strict=True)})
 
+    def set_retention(self, queue: str, retention: Retention | None) -> None:
+        fields = {f"keep:{state}": "" for state in _RETAIN_STATES}
+        for state, keep in (retention or Retention()).items():
+            if keep is not None:
+                fields[f"keep:{state}"] = f"{keep.count or 0}:{keep.age or 0}"
+        self.client.hset(self.keys(queue).config, mapping=fields)  # one atomic HSET
+
+    def get_retention(self, queue: str) -> Retention:
+        fields = [f"keep:{state}" for state in _RETAIN_STATES]
+        values = self.client.hmget(self.keys(queue).config, *fields)
+        policy: dict[str, Keep] = {}
+        for state, raw in zip(_RETAIN_STATES, values, strict=True):
+            if raw:
+                count, age = (int(x) for x in _s(raw).split(":"))
+                policy[state] = Keep(count or None, age or None)
+        return Retention(**policy)
+
     def drain(self, queue: str, *, delayed: bool = True) -> int:
         """Batches of DRAIN_CHUNK cancellations, one script call each: every cancellation is
         atomic as ``cancel``'s is, and Redis is never blocked by one huge call."""
         k = self.keys(queue)
-        keys = [k.done_prefix, k.stats, *self._settle_keys(queue)]
+        keys = [k.done_prefix, k.stats, *self._settle_keys(queue), k.dead, k.config,
+                k.finished_prefix]  # fmt: skip
         total = 0
         while True:
             args = [self._now_arg(), self.events_maxlen, 1 if delayed else 0, DRAIN_CHUNK]
@@ -943,14 +1197,13 @@ class RedisStorage(Storage):
         wanted = ",".join(JobState(s).value for s in states if JobState(s) in TERMINAL_STATES)
         if not wanted or limit <= 0:
             return []
-        k = self.keys(queue)
         deleted: list[str] = []
         batch: list[str] = []
 
         def flush() -> None:
             args = [self._now_arg(), older_than_ms, wanted, *batch[: limit - len(deleted)]]
             batch.clear()
-            deleted.extend(_s(i) for i in self.scripts.call("clean", [k.job_prefix, k.dead], args))
+            deleted.extend(_s(i) for i in self.scripts.call("clean", self._clean_keys(queue), args))
 
         for job_id in self.scan_job_ids(queue, count=SCAN_CHUNK):
             batch.append(job_id)
@@ -1034,20 +1287,22 @@ class RedisStorage(Storage):
         to heal the gap it leaves."""
         streams = {self.keys(q).events: ("0" if pending else ">") for q in queues}
         by_key = {self.keys(q).events: q for q in queues}
-        if not block:
+        if not block and not hasattr(self.client, "connection_pool"):  # a RedisCluster
             reply = self.client.xreadgroup(group, consumer, streams, count=count)
         else:
-            wait = min(block, MAX_BLOCK_SECONDS)
+            wait = min(block, MAX_BLOCK_SECONDS) if block else 0.0
+            waiting = ("BLOCK", int(wait * 1000)) if block else ()
+            # The reply as parsed (entries' fields as flat lists): _flat_event reads them.
             reply = blocking_command(
                 self.client, wait, "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
-                "BLOCK", int(wait * 1000), "STREAMS", *streams, *streams.values(),
+                *waiting, "STREAMS", *streams, *streams.values(), raw_reply=True,
             )  # fmt: skip
         events = []
-        for stream, entries in reply or []:
+        for stream, entries in reply.items() if isinstance(reply, dict) else reply or []:
             queue = by_key[_s(stream)]
             for event_id, fields in entries:
                 if fields:
-                    events.append(_event(queue, event_id, fields))
+                    events.append(_flat_event(queue, event_id, fields))
                 elif lost is not None:  # a pending entry trimmed before it was acked
                     lost.append(_s(event_id))
         return events
@@ -1144,6 +1399,110 @@ class RedisStorage(Storage):
             if not stale:
                 return
             self.client.xack(key, group, *[p["message_id"] for p in stale])
+
+    def trim_read_events(self, queue: str) -> int:
+        """Trim the queue's stream below the oldest entry some consumer group has not
+        acknowledged (``XTRIM MINID ~``); returns the entries removed.
+
+        This, not ``EVENTS_MAXLEN``, is what bounds the stream while the mirror keeps up: an
+        entry goes once every group is done with it, never before. The cap on ``XADD`` stays
+        as a safety net for a mirror that is down or far behind; what it trims unread is a
+        gap the mirror finds and resyncs. A stream without groups (no mirror) is left to the
+        cap. The bound is read before the trim, and a group's bound only moves forward, so a
+        stale one trims less, never too much."""
+        key = self.keys(queue).events
+        try:
+            groups = self.client.xinfo_groups(key)
+        except Exception as exc:
+            if "no such key" in str(exc).lower():
+                return 0
+            raise
+        if not groups:
+            return 0
+        bounds = []
+        for g in groups:
+            if g["pending"]:
+                summary = self.client.xpending(key, _s(g["name"]))
+                if summary["pending"]:
+                    bounds.append(_stream_id(_s(summary["min"])))
+                    continue
+            bounds.append(_stream_id(_s(g["last-delivered-id"])))
+        low = min(bounds)
+        if low <= (0, 0):
+            return 0
+        return int(self.client.xtrim(key, minid=f"{low[0]}-{low[1]}", approximate=True))
+
+    def record_mirror_gap(self, queue: str, gap: dict[str, Any]) -> None:
+        """Keep the mirror's latest gap of ``queue`` (when, why, rows re-read) where health
+        and the admin read it, whichever process the mirror runs in."""
+        self.client.hset(self.global_keys.mirror_gaps, queue, json.dumps(gap))
+
+    def mirror_gaps(self) -> dict[str, dict[str, Any]]:
+        """The latest gap the mirror resynced, per queue (``record_mirror_gap``)."""
+        raw = self.client.hgetall(self.global_keys.mirror_gaps)
+        gaps = {}
+        for queue, value in raw.items():
+            try:
+                gaps[_s(queue)] = json.loads(value)
+            except ValueError:  # written by hand: not ours to interpret
+                continue
+        return gaps
+
+    def set_mirror_sampled(self, queue: str, mode: dict[str, Any] | None) -> None:
+        """Say (``mode``: since, why, counts) or unsay (None) that the mirror shows ``queue``
+        as counts and a sample of records rather than every job, where health, the admin
+        and every mirror process read it."""
+        if mode is None:
+            self.client.hdel(self.global_keys.mirror_sampled, queue)
+        else:
+            self.client.hset(self.global_keys.mirror_sampled, queue, json.dumps(mode))
+
+    def mirror_sampled(self) -> dict[str, dict[str, Any]]:
+        """The queues the mirror shows as counts and a sample (``set_mirror_sampled``)."""
+        out = {}
+        for queue, value in self.client.hgetall(self.global_keys.mirror_sampled).items():
+            try:
+                out[_s(queue)] = json.loads(value)
+            except ValueError:  # written by hand: not ours to interpret
+                continue
+        return out
+
+    def sample_ids(self, queue: str, n: int) -> list[str]:
+        """A bounded sample of the jobs most worth showing, newest per state: the newest
+        ``n`` queued jobs and the next ``n`` to run, the active ones, the newest scheduled
+        and dead-lettered, and the jobs named by the newest ``3·n`` stream entries (the
+        jobs that just finished: finished records are in no set). At most about ``8·n``."""
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(k.queued, 0, n - 1)
+        pipe.zrevrange(k.queued, 0, n - 1)
+        pipe.zrange(k.active, 0, n - 1)
+        pipe.zrevrange(k.scheduled, 0, n - 1)
+        pipe.zrevrange(k.dead, 0, n - 1)
+        pipe.xrevrange(k.events, "+", "-", count=3 * n)
+        *sets, entries = pipe.execute()
+        ids = [_s(raw) for members in sets for raw in members]
+        ids += [_s(job) for _, f in entries if f and (job := f.get(b"job") or f.get("job"))]
+        return list(dict.fromkeys(ids))
+
+    def record_states(self, queue: str, job_ids: Sequence[str]) -> list[tuple | None]:
+        """(state, attempts, finished ms, created ms) per id, None where the record is gone:
+        what tells the mirror which rows an exact resync must rewrite, and in which order,
+        for a few bytes a job."""
+        prefix = self.keys(queue).job_prefix
+        out: list[tuple | None] = []
+        ids = list(job_ids)
+        for start in range(0, len(ids), RECORDS_CHUNK * 4):
+            part = ids[start : start + RECORDS_CHUNK * 4]
+            args = [4, "state", "attempts", "finished", "created", *part]
+            for (state, attempts, finished, created), _ in self.scripts.call(
+                "records", [prefix], args
+            ):
+                out.append(
+                    None if state is None
+                    else (_s(state), _i(attempts), _opt_i(finished), _i(created))
+                )  # fmt: skip
+        return out
 
     def scan_job_ids(self, queue: str, count: int = 1000) -> Iterator[str]:
         """Every job id with a live record in ``queue`` (SCAN: slow, for resyncs only)."""

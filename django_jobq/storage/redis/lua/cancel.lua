@@ -9,6 +9,8 @@ KEYS[6] done          LIST (outcome for waiters)
 KEYS[7] successor     HASH (the id's blocked singleton successor, if any)
 KEYS[8] blocked       SET of ids with a successor
 KEYS[9] dedup prefix  "{p:q}:dedup:"
+KEYS[10] job prefix, KEYS[11] dead ZSET, KEYS[12] config HASH, KEYS[13] finished-index
+        prefix (retention, see includes/retain.lua)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -20,11 +22,12 @@ Returns: 'cancelled' (now or already), 'requested', 'not_found', 'active', 'comp
 'failed'.
 An id with a blocked successor: the successor is cancelled (deleted) and the record is left
 as it is (an active run continues). Otherwise the record is cancelled and stays
-(deduplicating the id) until its result_ttl passes; a simple-mode dedup key it holds is freed.
+(deduplicating the id) until its result_ttl passes (or the queue's retention removes it); a simple-mode dedup key it holds is freed.
 Events: 'cancelled'.
 ]]
 --@include common
 --@include sched
+--@include retain
 
 local job_key, queued_key, scheduled_key = KEYS[1], KEYS[2], KEYS[3]
 local events_key, stats_key, done_key = KEYS[4], KEYS[5], KEYS[6]
@@ -56,4 +59,6 @@ redis.call('ZREM', scheduled_key, id)
 finish(job_key, done_key, stats_key, 'cancelled', '', now)
 if f[3] then sched().release_dedup(dedup_prefix, id, f[3], f[4]) end
 emit(events_key, ARGV[2], id, 'cancelled', now)
+keep_finished(retention(KEYS[12], KEYS[13], KEYS[10], KEYS[11], events_key, ARGV[2]),
+  'cancelled', id, now)
 return 'cancelled'

@@ -17,6 +17,8 @@ KEYS[8]  config            HASH paused, until, concurrency, rate_max, rate_windo
 KEYS[9]  rate              ZSET claim log of the queue (member "now:id:token" -> claim ms)
 KEYS[10] group rate prefix "{p:q}:grate:" (group keys are validated like job ids)
 KEYS[11] capped            STRING flag: set when the concurrency cap left jobs behind
+KEYS[12] (optional) the claimer's own wake list, when this claim runs right behind its BLPOP
+         (wait_and_claim): a marker still there means interrupt_wait (shutdown) woke it
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -29,7 +31,8 @@ ARGV[8] token nonce 0-999, drawn by the claimer (see token_base in common.lua)
 
 Returns: { ms until the claimer should look again (0 if overdue, -1: no time, wait for a
            wake-up), then per job: id, token (decimal string), attempt, max_attempts,
-           min_backoff, max_backoff, ctype, payload }
+           min_backoff, max_backoff, ctype, payload, waited (ms from the job's enqueue, or
+           its due time when later, to this claim) }
   Paused: nothing, -1 (resume wakes workers). Postponed queue-wide until T: nothing, T - now.
   Concurrency cap reached: nothing, -1 (the verdict that frees a slot wakes a worker). Rate
   budget spent: nothing, ms until the oldest claim leaves the window. Otherwise: ms until the
@@ -48,6 +51,9 @@ local config_key, rate_key, group_prefix, capped_key = KEYS[8], KEYS[9], KEYS[10
 local now = now_ms(ARGV[1])
 local maxlen, worker = ARGV[2], ARGV[3]
 local count, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+-- A worker being stopped claims nothing (its BLPOP took one of the two stop markers).
+if KEYS[12] and redis.call('LLEN', KEYS[12]) > 0 then return { -1 } end
 
 local cfg = redis.call('HMGET', config_key, 'paused', 'until', 'concurrency', 'rate_max',
   'rate_window', 'group_rate_max', 'group_rate_window')
@@ -89,7 +95,8 @@ local claimed = 0
 local deadline = fmt(now + lease)
 local base = token_base(ARGV[8])
 
-local function lease_job(id, job_key, f, prev_token)
+local function lease_job(id, job_key, f, prev_token, created, run_at)
+  local ready = math.max(tonumber(created) or now, tonumber(run_at) or 0)
   local token = next_token(job_key, base, prev_token)
   local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
   redis.call('HSET', job_key, 'state', 'active', 'worker', worker, 'started', fmt(now),
@@ -105,6 +112,7 @@ local function lease_job(id, job_key, f, prev_token)
   out[n + 6] = tonumber(f[6])
   out[n + 7] = f[3]
   out[n + 8] = f[2]
+  out[n + 9] = math.max(now - ready, 0)
   claimed = claimed + 1
   if rate_left then
     redis.call('ZADD', rate_key, now, fmt(now) .. ':' .. id .. ':' .. token)
@@ -118,8 +126,8 @@ if budget > 0 and not (group_max and group_window) then
     local id = popped[i]
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff', 'token')
-    if f[1] == 'queued' then lease_job(id, job_key, f, f[7]) end
+      'min_backoff', 'max_backoff', 'token', 'created', 'run_at')
+    if f[1] == 'queued' then lease_job(id, job_key, f, f[7], f[8], f[9]) end
   end
 elseif budget > 0 then
   -- Group limits: walk the best candidates (a bounded number), skipping those whose group
@@ -130,12 +138,12 @@ elseif budget > 0 then
     if claimed >= budget then break end
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff', 'group', 'token')
+      'min_backoff', 'max_backoff', 'group', 'token', 'created', 'run_at')
     redis.call('ZREM', queued_key, id)
     if f[1] == 'queued' then
       local group = f[7]
       if not group then
-        lease_job(id, job_key, f, f[8])
+        lease_job(id, job_key, f, f[8], f[9], f[10])
       else
         local log_key = group_prefix .. group
         if used[group] == nil then
@@ -143,7 +151,7 @@ elseif budget > 0 then
           used[group] = redis.call('ZCARD', log_key)
         end
         if used[group] < group_max then
-          local token = lease_job(id, job_key, f, f[8])
+          local token = lease_job(id, job_key, f, f[8], f[9], f[10])
           redis.call('ZADD', log_key, now, fmt(now) .. ':' .. id .. ':' .. token)
           redis.call('PEXPIRE', log_key, group_window)
           used[group] = used[group] + 1

@@ -6,6 +6,7 @@ scan (a new job under a freed id) is never deleted by mistake.
 
 KEYS[1] job key prefix "{p:q}:job:"
 KEYS[2] dead           ZSET (the dead-letter list): a deleted record leaves it
+KEYS[3] finished-index prefix (retention): a deleted record leaves its state's index
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] age (ms): records whose 'finished' is at or before now - age go
@@ -29,6 +30,7 @@ for i = 4, #ARGV do
   if f[1] and wanted[f[1]] and f[2] and tonumber(f[2]) <= cutoff then
     if redis.call('DEL', job_key) == 1 then deleted[#deleted + 1] = ARGV[i] end
     redis.call('ZREM', KEYS[2], ARGV[i])
+    redis.call('ZREM', KEYS[3] .. f[1], ARGV[i])
   end
 end
 return deleted

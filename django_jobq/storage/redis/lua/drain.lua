@@ -4,6 +4,8 @@ KEYS[1] done key prefix "{p:q}:done:"
 KEYS[2] stats           HASH
 KEYS[3..10] settle keys: job prefix, successor prefix, dedup prefix, blocked SET, queued,
         scheduled, wake, events (see settle_keys in common.lua)
+KEYS[11] dead   ZSET; KEYS[12] config HASH; KEYS[13] finished-index prefix (retention,
+        see includes/retain.lua)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -12,11 +14,12 @@ ARGV[4] limit (jobs cancelled at most by this call; the caller calls again while
 
 Returns: { jobs cancelled (successors included), 1 if the limit was hit else 0 }
 Events: 'cancelled' per job (per id for a successor). Waiters are told, records expire after
-their result TTL, simple-mode dedup keys are freed. A queued job whose successor is kept
+their result TTL, simple-mode dedup keys are freed, the queue's retention applies. A queued job whose successor is kept
 (delayed = 0) gives its id to the successor, as any finished job does.
 ]]
 --@include common
 --@include sched
+--@include retain
 
 local done_prefix, stats_key = KEYS[1], KEYS[2]
 local h = sched()
@@ -24,6 +27,7 @@ local s = h.settle_keys(KEYS, 3)
 local now = now_ms(ARGV[1])
 local maxlen, delayed, limit = ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local n = 0
+local r = retention(KEYS[12], KEYS[13], s.job_prefix, KEYS[11], s.events, maxlen)
 
 local function drop_successor(id)
   redis.call('DEL', s.succ_prefix .. id)
@@ -45,6 +49,7 @@ local function cancel(id)
   n = n + 1
   if delayed then f[2] = nil end
   h.settle(s, maxlen, id, f[2], f[3], f[4], now)
+  if f[2] ~= '1' then keep_finished(r, 'cancelled', id, now) end
 end
 
 for _, id in ipairs(redis.call('ZRANGE', s.queued, 0, limit - 1)) do cancel(id) end

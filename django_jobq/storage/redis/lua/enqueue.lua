@@ -66,7 +66,12 @@ local seq = redis.call('INCRBY', seq_key, njobs) - njobs
 -- a job stored earlier in this call is in its set before it is moved.
 local function flush()
   if #queued_args > 0 then redis.call('ZADD', queued_key, unpack(queued_args)) end
-  if #scheduled_args > 0 then redis.call('ZADD', scheduled_key, unpack(scheduled_args)) end
+  if #scheduled_args > 0 then
+    local earliest = scheduled_args[1]
+    for i = 3, #scheduled_args, 2 do earliest = math.min(earliest, scheduled_args[i]) end
+    wake_if_earliest(scheduled_key, wake_key, earliest)
+    redis.call('ZADD', scheduled_key, unpack(scheduled_args))
+  end
   queued_args, scheduled_args = {}, {}
 end
 

@@ -10,6 +10,7 @@ KEYS[6..13] settle keys: job prefix, successor prefix, dedup prefix, blocked SET
 KEYS[14] dead   ZSET (the dead-letter list: id -> record expiry ms)
 KEYS[15] config HASH (its 'onfail' flag: record a failure-handler call)
 KEYS[16] onfail ZSET of pending failure calls; KEYS[17] their HASH key prefix
+KEYS[18] finished-index prefix (retention, see includes/retain.lua)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -26,10 +27,11 @@ Events: 'retrying', 'failed' or 'cancelled'. A retry wakes idle workers so they 
 Failed for good settles the job like complete.lua (dedup key freed, successor released) and
 puts it on the dead-letter list (unless a successor took the id over) and, when the queue's
 failure hook is on, records a failure-handler call (see record_failure in common.lua); a
-retrying job keeps both: it is not finished, and its successor must not run beside it.
+retrying job keeps both (and is not subject to retention): it is not finished, and its successor must not run beside it.
 ]]
 --@include common
 --@include sched
+--@include retain
 
 local job_key, active_key, stats_key, done_key, capped_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -54,6 +56,10 @@ if final == 'cancelled' or ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) th
     h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[6], f[7], f[8], now)
   end
   bury(job_key, KEYS[14], id, now)
+  if f[6] ~= '1' then  -- else a successor holds the id now: nothing finished to keep
+    keep_finished(retention(KEYS[15], KEYS[18], KEYS[6], KEYS[14], events_key, ARGV[2]),
+      final, id, now)
+  end
   if final == 'cancelled' then return 4 end
   return 2
 end

@@ -9,6 +9,7 @@ KEYS[5..12] settle keys: job prefix, successor prefix, dedup prefix, blocked SET
 KEYS[13] dead           ZSET (the dead-letter list: id -> record expiry ms)
 KEYS[14] config         HASH (its 'onfail' flag: record a failure-handler call)
 KEYS[15] onfail         ZSET of pending failure calls; KEYS[16] their HASH key prefix
+KEYS[17] finished-index prefix (retention, see includes/retain.lua)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -24,6 +25,7 @@ record expired are dropped here.
 ]]
 --@include common
 --@include sched
+--@include retain
 
 local done_prefix, active_key, stats_key, capped_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_prefix, queued_key, scheduled_key = KEYS[5], KEYS[9], KEYS[10]
@@ -32,6 +34,7 @@ local now = now_ms(ARGV[1])
 local maxlen, limit = ARGV[2], tonumber(ARGV[3])
 local stalled_error = '{"type":"Stalled","message":"lease expired more than max_stalls times"}'
 
+local r = nil  -- the retention policy, read at the first job that fails here
 local requeued, failed = {}, {}
 local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', fmt(now), 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
@@ -51,6 +54,10 @@ for _, id in ipairs(expired) do
         h.settle(h.settle_keys(KEYS, 5), maxlen, id, f[7], f[8], f[9], now)
       end
       bury(job_key, KEYS[13], id, now)
+      if f[7] ~= '1' then
+        r = r or retention(KEYS[14], KEYS[17], job_prefix, KEYS[13], events_key, maxlen)
+        keep_finished(r, 'failed', id, now)
+      end
       table.insert(failed, id)
     else
       -- A stalled run reached no verdict: like a release it costs no attempt (stalls count it).

@@ -5,6 +5,7 @@ KEYS[2] queued  ZSET
 KEYS[3] dead    ZSET (the dead-letter list)
 KEYS[4] wake    LIST
 KEYS[5] events  STREAM
+KEYS[6] finished-index prefix (retention): the record leaves its state's index
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -34,6 +35,7 @@ redis.call('HSET', job_key, 'state', 'queued', 'attempts', 0, 'stalls', 0)
 redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at', 'progress', 'cancel')
 redis.call('ZADD', queued_key, queued_score(f[2], f[3], f[4]), id)
 redis.call('ZREM', dead_key, id)
+redis.call('ZREM', KEYS[6] .. state, id)
 emit(events_key, ARGV[2], id, 'retried', now)
 wake(wake_key)
 return 'retried'

@@ -64,9 +64,19 @@ end
 
 -- Wake one idle worker. The list holds at most one marker: a claimer that leaves work behind
 -- pushes it again, so a burst wakes workers one after another without piling markers up.
+-- Every push to the list goes through here, so "push only when empty" keeps it at one marker;
+-- while a marker waits (no worker idle, e.g. a busy pool or a burst of enqueues) that is one
+-- LLEN instead of a push and a trim.
 local function wake(wake_key)
-  redis.call('LPUSH', wake_key, '1')
-  redis.call('LTRIM', wake_key, 0, 0)
+  if redis.call('LLEN', wake_key) == 0 then redis.call('LPUSH', wake_key, '1') end
+end
+
+-- Call before adding a scheduled job due at run_at. An idle worker blocks until the earliest
+-- due time it saw at its last claim (or its idle timeout): a job due before every scheduled
+-- one must end that wait, or it runs up to an idle timeout late. Later ones need no wake-up.
+local function wake_if_earliest(scheduled_key, wake_key, run_at)
+  local head = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  if head[2] == nil or run_at < tonumber(head[2]) then wake(wake_key) end
 end
 
 -- Close a job in a final state: stamp it, make the record expire after its result TTL (its id
@@ -87,10 +97,19 @@ local function finish(job_key, done_key, stats_key, state, body, now)
 end
 
 -- A job that failed for good joins the dead-letter list, scored by when its record expires
--- (finish() set that TTL), unless a blocked singleton successor took the id over.
+-- (finish() set that TTL: the result TTL after now), unless a blocked singleton successor took
+-- the id over. The list reads newest first, so two jobs failed within one millisecond must not
+-- tie: on the server's own clock the score carries the microseconds (as a decimal string, since
+-- Lua would print the number with 14 digits and drop them). PTTL read back is no substitute: it
+-- can come out a millisecond short and swap two neighbours.
 local function bury(job_key, dead_key, id, now)
-  if redis.call('HGET', job_key, 'state') ~= 'failed' then return end
-  redis.call('ZADD', dead_key, now + math.max(redis.call('PTTL', job_key), 0), id)
+  local f = redis.call('HMGET', job_key, 'state', 'result_ttl')
+  if f[1] ~= 'failed' then return end
+  local t = redis.call('TIME')
+  local at = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  if at < now or at >= now + 1000 then at = now end  -- a caller's clock: keep its millisecond
+  local score = at + math.max(tonumber(f[2]) or 0, 0)
+  redis.call('ZADD', dead_key, string.format('%.3f', score), id)
 end
 
 -- A job that failed for good gets a failure-handler call when the queue's hook is on: a copy

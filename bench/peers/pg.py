@@ -1,0 +1,20 @@
+"""The PostgreSQL database of a database-backed peer: one per system, named
+``test_jobq_peers_<system>`` (``PEERBENCH_PG_PREFIX`` changes the prefix), created when missing.
+Only the standard library and psycopg, which every database peer's venv brings."""
+
+from __future__ import annotations
+
+import os
+
+
+def conninfo(system: str) -> str:
+    """The peer's database, created if missing (on the server of ``PEERBENCH_PG_HOST``)."""
+    import psycopg
+
+    host = os.environ.get("PEERBENCH_PG_HOST", "127.0.0.1")
+    user = os.environ.get("PEERBENCH_PG_USER", "postgres")
+    name = os.environ.get("PEERBENCH_PG_PREFIX", "test_jobq_peers_") + system
+    with psycopg.connect(host=host, user=user, dbname="postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return f"host={host} user={user} dbname={name}"

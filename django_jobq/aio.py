@@ -1,0 +1,178 @@
+"""Async producer I/O for ``Queue.aenqueue`` & co. (ASGI views, async task code).
+
+Redis: native async I/O. The same scripts and keys as the sync storage (its ``_enqueue_call``
+and ``_parse_enqueue`` build and read the call, so both paths stay one protocol), sent through a
+``redis.asyncio`` client made from the sync client's connection settings. Waiting for an
+outcome is an async ``BLPOP`` on the job's done key: an event loop waits on thousands of jobs
+with no thread per waiter. One client per (storage, event loop), since an asyncio connection
+belongs to the loop that opened it.
+
+Database and memory backends: no native async client exists for the storage's SQL (Django's
+async ORM is itself a thread hop around the sync ORM), so short calls run through
+``sync_to_async`` (thread-sensitive: on the thread where Django manages the request's
+connection), and the long wait of ``aenqueue_and_wait`` runs in a thread of its own whose
+database connections are closed when it ends, so a wait never holds the shared sync thread
+(which would stall every other sync view of the process). Journal-mode queues and calls under
+an active OpenTelemetry span take the sync path in a thread too: their work is a database
+transaction or a span stack that is thread-bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from .job import FinalOutcome, JobRecord, NewJob, StoredEnqueue
+from .states import JobState
+from .storage.base import Storage
+
+# The async clients, per event loop (weak: a closed loop's clients go with it), then per storage.
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def native(storage: Storage) -> bool:
+    """Whether ``storage`` gets native async I/O here: the Redis backend on a plain
+    ``redis.Redis`` client (a cluster or a foreign client takes the thread path)."""
+    from .storage.redis.storage import RedisStorage
+
+    if not isinstance(storage, RedisStorage):
+        return False
+    import redis
+
+    return type(storage.client) is redis.Redis
+
+
+def _async_client(storage: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    per_loop = _CLIENTS.setdefault(loop, {})
+    client = per_loop.get(id(storage))
+    if client is None:
+        client = per_loop[id(storage)] = _client_like(storage.client)
+    return client
+
+
+def _client_like(sync_client: Any) -> Any:
+    """A ``redis.asyncio.Redis`` to the same server, database and credentials, with the same
+    timeouts (a partitioned server must fail an async caller as fast as a sync one)."""
+    import redis.asyncio as aredis
+    import redis.asyncio.connection as aconn
+    import redis.connection as sconn
+
+    pool = sync_client.connection_pool
+    classes = {sconn.SSLConnection: aconn.SSLConnection,
+               sconn.UnixDomainSocketConnection: aconn.UnixDomainSocketConnection}  # fmt: skip
+    kwargs = {k: v for k, v in pool.connection_kwargs.items()
+              if k not in ("retry", "retry_on_error", "redis_connect_func")}  # fmt: skip
+    return aredis.Redis(connection_pool=aconn.ConnectionPool(
+        connection_class=classes.get(pool.connection_class, aconn.Connection), **kwargs
+    ))  # fmt: skip
+
+
+async def _translated(storage: Storage, call: Any) -> Any:
+    """``await call``, with the client's "did not answer" errors as ``StorageUnavailable``,
+    as every sync storage method raises them."""
+    try:
+        return await call
+    except Exception as exc:
+        translated = storage.unavailable(exc)
+        if translated is not None:
+            raise translated from exc
+        raise
+
+
+async def _script(storage: Any, name: str, keys: list, args: list) -> Any:
+    from redis.exceptions import NoScriptError
+
+    from .storage.redis.scripts import SHAS, SOURCES
+
+    client = _async_client(storage)
+    try:
+        return await client.evalsha(SHAS[name], len(keys), *keys, *args)
+    except NoScriptError:  # after a restart, failover or SCRIPT FLUSH: it did not run
+        await client.script_load(SOURCES[name])
+        return await client.evalsha(SHAS[name], len(keys), *keys, *args)
+
+
+async def register_queue(storage: Storage, queue: str) -> None:
+    if native(storage):
+        client = _async_client(storage)
+        await _translated(storage, client.sadd(storage.global_keys.queues, queue))  # type: ignore[attr-defined]
+    else:
+        await sync_to_async(storage.register_queue)(queue)
+
+
+async def enqueue(storage: Storage, queue: str, job: NewJob) -> StoredEnqueue:
+    if not native(storage):
+        return await sync_to_async(storage.enqueue)(queue, job)
+    name, keys, args = storage._enqueue_call(queue, [job])  # type: ignore[attr-defined]
+    raw = await _translated(storage, _script(storage, name, keys, args))
+    return storage._parse_enqueue([job], raw)[0]  # type: ignore[attr-defined]
+
+
+async def get_record(storage: Storage, queue: str, job_id: str) -> JobRecord | None:
+    if not native(storage):
+        return await sync_to_async(storage.get_record)(queue, job_id)
+    from .storage.redis.storage import _record
+
+    client = _async_client(storage)
+    key = storage.keys(queue).job(job_id)  # type: ignore[attr-defined]
+
+    async def read() -> Any:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(key)
+            pipe.pttl(key)
+            return await pipe.execute()
+
+    raw, pttl = await _translated(storage, read())
+    return _record(queue, job_id, raw, pttl, int(time.time() * 1000))
+
+
+async def wait_for_outcome(
+    storage: Storage, queue: str, job_id: str, timeout: float
+) -> FinalOutcome | None:
+    if not native(storage):
+        return await in_thread(storage.wait_for_outcome, queue, job_id, timeout)
+    from .storage.redis.connection import MAX_BLOCK_SECONDS
+
+    client = _async_client(storage)
+    done_key = storage.keys(queue).done(job_id)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        wait = min(remaining, MAX_BLOCK_SECONDS)
+        # The reply may take ``wait`` seconds: read it with that much more patience than an
+        # ordinary command, as the sync ``blocking_command`` does.
+        popped = await _translated(storage, asyncio.wait_for(
+            client.blpop([done_key], timeout=wait), wait + 2.0))  # fmt: skip
+        if popped:
+            state, _, body = popped[1].partition(b"\n")
+            st = JobState(state.decode())
+            return FinalOutcome(st, body if st is JobState.COMPLETED else None,
+                                body if st is JobState.FAILED else None)  # fmt: skip
+    # A push may have raced the last timeout: the record has the final word.
+    record = await get_record(storage, queue, job_id)
+    if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+        return FinalOutcome(record.state, record.result, record.error)
+    return None
+
+
+async def in_thread[T](func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a thread of its own, closing the database connections that thread
+    opened: for calls that block for long (a wait), which must not hold the one thread that
+    ``sync_to_async`` shares with every sync view."""
+
+    def run() -> T:
+        from django.db import connections
+
+        try:
+            return func(*args)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(run)
