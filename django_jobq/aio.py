@@ -140,9 +140,11 @@ async def wait_for_outcome(
     if not native(storage):
         return await in_thread(storage.wait_for_outcome, queue, job_id, timeout)
     from .storage.redis.connection import MAX_BLOCK_SECONDS
+    from .storage.redis.roundtrip import outcome
 
     client = _async_client(storage)
-    done_key = storage.keys(queue).done(job_id)  # type: ignore[attr-defined]
+    keys = storage.keys(queue)  # type: ignore[attr-defined]
+    done_key = keys.done(job_id)
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
         wait = min(remaining, MAX_BLOCK_SECONDS)
@@ -151,11 +153,15 @@ async def wait_for_outcome(
         popped = await _translated(storage, asyncio.wait_for(
             client.blpop([done_key], timeout=wait), wait + 2.0))  # fmt: skip
         if popped:
-            state, _, body = popped[1].partition(b"\n")
-            st = JobState(state.decode())
-            return FinalOutcome(st, body if st is JobState.COMPLETED else None,
-                                body if st is JobState.FAILED else None)  # fmt: skip
-    # A push may have raced the last timeout: the record has the final word.
+            return outcome(popped[1])
+    # Given up: withdraw the registration as the sync wait does (``unwait.lua``), so the
+    # job's finish pushes no reply that nobody reads; a reply pushed meanwhile is taken.
+    message = await _translated(
+        storage, _script(storage, "unwait", [keys.job(job_id), done_key], [])
+    )
+    if message:
+        return outcome(message)
+    # A reply list that expired before it was read: the record has the final word.
     record = await get_record(storage, queue, job_id)
     if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
         return FinalOutcome(record.state, record.result, record.error)

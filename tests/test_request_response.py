@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -181,6 +182,22 @@ def test_a_wait_that_times_out_leaves_no_reply_behind(live_storage):
         assert live_storage.client.exists(keys.done("j1")) == 0
         assert live_storage.client.hget(keys.job("j1"), "waiters") in (None, b"0")
     assert queue.enqueue_and_wait("j1", {"n": 1}, timeout=PATIENCE) == 3
+
+
+def test_an_async_wait_that_times_out_leaves_no_reply_behind(live_storage):
+    """``aenqueue_and_wait`` gives up as the sync wait does: withdrawn (on Redis natively, by
+    the async client), so the later completion pushes no reply and a new waiter is answered."""
+    queue = Queue(Q, storage=live_storage)
+    with pytest.raises(Timeout):
+        async_to_sync(queue.aenqueue_and_wait)("j1", {"n": 1}, timeout=0.05)
+    if isinstance(live_storage, RedisStorage):
+        keys = live_storage.keys(Q)
+        assert live_storage.client.hget(keys.job("j1"), "waiters") in (None, b"0")
+    claimed = live_storage.claim(Q, "w1", 1, LEASE).jobs[0]
+    live_storage.complete(Q, "j1", claimed.token, b"3")
+    if isinstance(live_storage, RedisStorage):
+        assert live_storage.client.exists(keys.done("j1")) == 0
+    assert async_to_sync(queue.aenqueue_and_wait)("j1", {"n": 1}, timeout=PATIENCE) == 3
 
 
 def test_a_waiter_that_gives_up_as_its_job_ends_takes_its_reply(live_storage):
