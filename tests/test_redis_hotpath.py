@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_jobq import Queue
-from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
+from django_jobq.job import AckOutcome, EnqueueOutcome, JobOptions, NewJob
 from django_jobq.states import JobState
+from django_jobq.storage.base import Ack
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.scripts import SHAS
 from django_jobq.storage.redis.storage import RedisStorage
@@ -105,13 +106,31 @@ def test_a_lone_enqueue_survives_a_script_flush(tmp_path):
 
 
 def _lone_enqueue_survives_a_script_flush(storage, redis_client):
+    """The three kept packed heads (enqueue, an idle worker's wait-and-claim, a single
+    completion) name scripts by SHA: each call after the flush loads its script again."""
     queue = Queue(Q, storage=storage)
     assert queue.enqueue("before", 1).outcome is EnqueueOutcome.QUEUED
+    first = storage.wait_and_claim(Q, "w1", 1, 5_000, 5).jobs[0]
+    done = storage.ack_many(Q, [Ack("complete", "before", first.token, b"1")])
+    assert done == [AckOutcome.COMPLETED]
+    assert storage._heads and storage._wait_heads and storage._ack_heads  # all packed paths
     redis_client.script_flush()
     assert queue.enqueue("after", 2).outcome is EnqueueOutcome.QUEUED
     assert queue.enqueue("after", 3).outcome is EnqueueOutcome.DUPLICATE
     assert storage.get_record(Q, "after").payload == b"2"
-    assert storage.counts(Q)[JobState.QUEUED] == 2
+    assert storage.counts(Q)[JobState.QUEUED] == 1
+    redis_client.script_flush()
+    # The wait happened, its claim met NOSCRIPT: handed back (None) for the worker's own
+    # claim, which loads the script; the next packed wait claims again.
+    assert storage.wait_and_claim(Q, "w1", 1, 5_000, 5) is None
+    assert [c.job_id for c in storage.claim(Q, "w1", 1, 5_000).jobs] == ["after"]
+    queue.enqueue("later", 3)
+    claimed = storage.wait_and_claim(Q, "w1", 1, 5_000, 5).jobs
+    assert [c.job_id for c in claimed] == ["later"]
+    redis_client.script_flush()
+    done = storage.ack_many(Q, [Ack("complete", "later", claimed[0].token, b"3")])
+    assert done == [AckOutcome.COMPLETED]
+    assert storage.get_record(Q, "later").state is JobState.COMPLETED
 
 
 def _kill(conn) -> None:

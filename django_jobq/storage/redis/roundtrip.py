@@ -26,15 +26,12 @@ from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 from ...job import FinalOutcome, NewJob, StoredEnqueue
 from ...states import TERMINAL_STATES, JobState
 from .connection import COMMAND_TIMEOUT, MAX_BLOCK_SECONDS, _read_response, pooled_connection
-from .scripts import SHAS
+from .scripts import keep_head, script_head
 
 if TYPE_CHECKING:
     from ..base import ClaimBatch
     from .storage import RedisStorage
 
-# Packed wait-and-claim heads kept (``wait_head``): a wait's timeout shortened by a scheduled
-# job is a new key, so the table is bounded.
-WAIT_HEADS = 256
 # Answers of enqueue_one after which no waiter was registered, so no reply will come.
 _NOT_WAITED = TERMINAL_STATES | {JobState.BLOCKED}
 
@@ -160,13 +157,8 @@ def wait_head(
         keys, args = storage._claim_call(queue, worker_id, count, lease_ms)
         keys.append(k.worker_wake(worker_id))  # KEYS[12]: claim nothing when stopping
         blpop = b"".join(conn.pack_command("BLPOP", k.wake, k.worker_wake(worker_id), timeout))
-        claim = b"".join(conn.pack_command("EVALSHA", SHAS["claim"], len(keys), *keys, *args[:-1]))
-        # The header counted the arguments without the nonce: count it in.
-        claim = b"*%d\r\n" % (3 + len(keys) + len(args)) + claim[claim.index(b"\r\n") + 2 :]
-        head = blpop + claim
+        head = blpop + script_head("claim", keys, args[:-1], 1)  # the nonce: packed per call
         if storage.clock is not None:  # an injected clock's ``now`` is in it: never kept
             return head
-        if len(storage._wait_heads) >= WAIT_HEADS:  # e.g. waits cut short by scheduled jobs
-            storage._wait_heads.clear()
-        storage._wait_heads[key] = head
+        keep_head(storage._wait_heads, key, head)
     return head

@@ -36,7 +36,7 @@ from . import roundtrip
 from .builders import positional_builder
 from .connection import MAX_BLOCK_SECONDS, blocking_command
 from .keys import GlobalKeys, QueueKeys
-from .scripts import SHAS, Scripts
+from .scripts import Scripts, keep_head, resp, script_head
 
 _ENQUEUE_CODES = {
     1: EnqueueOutcome.QUEUED,
@@ -212,21 +212,6 @@ def _odd_event(queue: str, event_id: bytes | str, fields: dict) -> Event:
 def _stream_id(value: str) -> tuple[int, int]:
     ms, _, seq = value.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _resp(value: Any) -> bytes:
-    """One argument in the wire format (RESP bulk string), encoded as redis-py encodes it."""
-    if isinstance(value, str):
-        value = value.encode()
-    elif isinstance(value, int) and not isinstance(value, bool):
-        value = b"%d" % value
-    elif not isinstance(value, bytes):
-        raise TypeError(f"cannot pack {type(value).__name__}")
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
-# Single enqueues whose head (everything up to the job's own three arguments) is kept packed.
-PACKED_HEADS = 256
 
 
 def _glob_escape(text: str) -> str:
@@ -497,14 +482,10 @@ class RedisStorage(Storage):
         head = self._heads.get(key)
         if head is None:
             _, keys, args = self._enqueue_call(queue, [job])
-            try:
-                parts = [_resp(x) for x in ("EVALSHA", SHAS["enqueue_one"], len(keys), *keys)]
-                parts += [_resp(x) for x in args[:-3]]
+            try:  # the id, payload and waiter flag are packed per call
+                head = keep_head(self._heads, key, script_head("enqueue_one", keys, args[:-3], 3))
             except TypeError:
                 return None
-            if len(self._heads) >= PACKED_HEADS:  # e.g. many distinct run_at values
-                self._heads.clear()
-            head = self._heads[key] = b"*%d\r\n" % (3 + len(keys) + len(args)) + b"".join(parts)
         job_id, payload = job.job_id.encode(), job.payload
         if not isinstance(payload, bytes):
             return None
@@ -698,7 +679,7 @@ class RedisStorage(Storage):
         if head is None or not isinstance(ack.body, bytes):
             raw = self.scripts.call("complete_many", *self._complete_call(queue, [ack]))
         else:
-            packed = b"%s%s%s%s" % (head, _resp(ack.job_id), _resp(ack.token), _resp(ack.body))
+            packed = b"%s%s%s%s" % (head, resp(ack.job_id), resp(ack.token), resp(ack.body))
             raw = self.scripts.call_packed(
                 "complete_many", packed, lambda: self._complete_call(queue, [ack])
             )
@@ -708,12 +689,8 @@ class RedisStorage(Storage):
         """Everything of a one-job ``complete_many`` call but the job's own three arguments,
         in the wire format; cut from ``_complete_call``'s output, the one definition."""
         keys, args = self._complete_call(queue, [])
-        parts = [_resp(x) for x in ("EVALSHA", SHAS["complete_many"], len(keys), *keys, *args)]
-        if len(self._ack_heads) >= PACKED_HEADS:
-            self._ack_heads.clear()
-        head = b"*%d\r\n%s" % (3 + len(keys) + len(args) + 3, b"".join(parts))
-        self._ack_heads[queue] = head
-        return head
+        # The job's id, token and result are packed per call.
+        return keep_head(self._ack_heads, queue, script_head("complete_many", keys, args, 3))
 
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
         return self._ack(queue, Ack("complete", job_id, token, result))
