@@ -14,6 +14,7 @@ from django.db import connections, transaction
 
 from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
 from django_jobq.models import Job, JobEvent
+from django_jobq.states import JobState
 from django_jobq.storage.database import DatabaseStorage
 from django_jobq.storage.database import bulk as bulk_module
 
@@ -61,9 +62,9 @@ def fast_attempts(monkeypatch) -> list[bool]:
     sent: list[bool] = []
     real = bulk_module.BulkInsert._insert_rows
 
-    def spy(self, queue, jobs, now, *, skip_taken):
+    def spy(self, queue, jobs, now, *, skip_taken, **kwargs):
         sent.append(not skip_taken)
-        return real(self, queue, jobs, now, skip_taken=skip_taken)
+        return real(self, queue, jobs, now, skip_taken=skip_taken, **kwargs)
 
     monkeypatch.setattr(bulk_module.BulkInsert, "_insert_rows", spy)
     return sent
@@ -274,3 +275,26 @@ def test_obliterate_racing_an_enqueue_leaves_no_orphan_and_no_job_without_its_ev
     left = list(Job.objects.using("pg").filter(queue=Q).values_list("job_id", flat=True))
     assert left in ([], ["late"])
     assert events_by_job() == {x: ["queued"] for x in left}
+
+
+@pytest.fixture
+def listener():
+    """Another storage, its listener up: it learns of a commit only through ``NOTIFY``."""
+    other = DatabaseStorage("pg")
+    other._snapshot()
+    assert wait_until(lambda: other._broad > 0)
+    yield other
+    other.close()
+
+
+def test_a_chunk_outside_a_transaction_wakes_workers_elsewhere_once_per_chunk(storage, listener):
+    work = listener._work
+    storage.enqueue_many(Q, [job(f"n{i}") for i in range(3)])
+    storage.enqueue_many(Q, [job(f"s{i}", delay=60_000) for i in range(3)])  # nothing to claim
+    storage.enqueue(Q, job("marker"))  # NOTIFYs arrive in commit order: this one comes last
+
+    assert wait_until(lambda: listener._work >= work + 2)
+    assert listener._work == work + 2  # the queued chunk's and the marker's, not the scheduled
+    assert [r.state for r in storage.enqueue_many(Q, [job("n0"), job("s0")])] == [
+        JobState.QUEUED, JobState.SCHEDULED,
+    ]  # fmt: skip

@@ -19,9 +19,10 @@ does not pay for a refused attempt on every chunk."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
-from django.db import IntegrityError, connections
+from django.db import IntegrityError, connections, transaction
 
 from ...envelope import task_name
 from ...job import DedupMode, EnqueueOutcome, NewJob, StoredEnqueue
@@ -29,6 +30,7 @@ from ...registry import handler_name
 from ...states import JobState
 from ..base import Clock
 from .failures import FailureCalls
+from .wakeups import CHANNEL
 
 # The unique index that decides whether an id is taken (``Job.Meta``).
 ID_INDEX = "jobq_job_queue_id_uniq"
@@ -97,20 +99,37 @@ class BulkInsert(FailureCalls):
 
     def _insert_new_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue] | None:
         """The fast path (see the module docstring): ``jobs`` (no per-job rules, no id twice)
-        in one plain ``INSERT`` and their answers, in a transaction of their own (a savepoint
-        inside the caller's); None when an id is taken, and then nothing was written."""
+        in one plain ``INSERT`` and their answers; None when an id is taken, and then nothing
+        was written.
+
+        Outside a transaction, and with no LIFO job (its order key is a second statement) nor
+        waiter (its row is remembered), the statement is atomic on its own: rows, events and
+        the workers' ``NOTIFY`` in one round trip and one commit, without ``BEGIN``/``COMMIT``
+        round trips. Inside the caller's transaction it runs in a savepoint, which a refused
+        attempt rolls back."""
         if queue in self._bulk_careful:
             return None
+        conn = connections[self.using]
+        rows_needed = any(job.waiter or job.lifo for job in jobs)  # their keys are needed
+        alone = not rows_needed and conn.get_autocommit() and not conn.in_atomic_block
         try:
-            with self._atomic():
+            with nullcontext() if alone else self._atomic():
                 now = self._now()
-                rows = self._insert_rows(queue, jobs, now, skip_taken=False)
-                self._after_insert(queue, rows)
+                rows = self._insert_rows(queue, jobs, now, skip_taken=False, rows=rows_needed)
+                if rows_needed:
+                    self._after_insert(queue, rows)
         except IntegrityError as exc:
             if not _id_taken(exc):
                 raise
             self._bulk_careful.add(queue)
             return None
+        if not rows_needed:
+            states = [JobState.SCHEDULED if self._due(j, now) > now else JobState.QUEUED
+                      for j in jobs]  # fmt: skip
+            if JobState.QUEUED in states:  # this process's waiters (others got the NOTIFY)
+                transaction.on_commit(lambda: self._wake_local(f"w {queue}"), using=self.using)
+            return [StoredEnqueue(EnqueueOutcome.QUEUED, j.job_id, state)
+                    for j, state in zip(jobs, states, strict=True)]  # fmt: skip
         inserted = {r[1]: r for r in rows}
         out = []
         for job in jobs:
@@ -121,12 +140,14 @@ class BulkInsert(FailureCalls):
         return out
 
     def _insert_rows(
-        self, queue: str, jobs: Sequence[NewJob], now: int, *, skip_taken: bool
+        self, queue: str, jobs: Sequence[NewJob], now: int, *, skip_taken: bool, rows: bool = True
     ) -> list[Any]:
         """Insert ``jobs`` (distinct ids) and their first events in one statement; the rows
-        ``(id, job_id, state, lifo)`` in the order of ``jobs``. ``skip_taken``: ``ON CONFLICT
-        DO NOTHING`` (a taken id is left out of the answer); otherwise a taken id fails the
-        statement with an ``IntegrityError``.
+        ``(id, job_id, state, lifo)`` inserted. ``skip_taken``: ``ON CONFLICT DO NOTHING`` (a
+        taken id is left out of the answer); otherwise a taken id fails the statement with an
+        ``IntegrityError``. ``rows`` False: no rows come back (reading 1,000 of them cost more
+        than the statement's parse), and the statement itself sends the workers' ``NOTIFY``
+        when a job is queued (``_after_insert`` does both otherwise).
 
         One array per column (``unnest``): the statement and its parse stay the same size
         whatever the chunk's, where a VALUES list of 17 parameters a row took longer to build
@@ -158,8 +179,21 @@ class BulkInsert(FailureCalls):
             f"{conflict}RETURNING id, job_id, state, lifo), "
             f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
             "stream_id) SELECT id, %s, state, %s, '', '' FROM ins) "
-            "SELECT id, job_id, state, lifo FROM ins",
-            [queue, created, *scalars, *(column for _, column in arrays), queue, created],
+            + (
+                "SELECT id, job_id, state, lifo FROM ins"
+                if rows
+                else "SELECT CASE WHEN bool_or(state = 'queued') THEN pg_notify(%s, %s) END "
+                "FROM ins"
+            ),
+            [
+                queue,
+                created,
+                *scalars,
+                *(column for _, column in arrays),
+                queue,
+                created,
+                *(() if rows else (CHANNEL, f"w {queue}")),
+            ],  # fmt: skip
         )
 
     def _after_insert(self, queue: str, rows: list[Any]) -> None:
