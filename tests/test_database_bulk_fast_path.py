@@ -12,7 +12,7 @@ import threading
 import pytest
 from django.db import connections, transaction
 
-from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
+from django_jobq.job import EnqueueOutcome, JobOptions, Keep, NewJob, Retention
 from django_jobq.models import Job, JobEvent
 from django_jobq.states import JobState
 from django_jobq.storage.database import DatabaseStorage
@@ -298,3 +298,58 @@ def test_a_chunk_outside_a_transaction_wakes_workers_elsewhere_once_per_chunk(st
     assert [r.state for r in storage.enqueue_many(Q, [job("n0"), job("s0")])] == [
         JobState.QUEUED, JobState.SCHEDULED,
     ]  # fmt: skip
+
+
+def test_retention_racing_a_retry_keeps_the_retried_row_and_its_events(clock):
+    """The retention pass picks a finished row, then a retry (holding the row) queues it again
+    and logs it: the pass's delete re-checks the state, so the row stays with every event."""
+    timed = DatabaseStorage("pg", clock=clock)
+    try:
+        timed.enqueue(Q, job("r"))
+        (claimed,) = timed.claim(Q, "w", 1, 60_000).jobs
+        timed.complete(Q, "r", claimed.token, b'"r"')
+        clock.advance(10_000)
+        timed.set_retention(Q, Retention(completed=Keep(age=1_000)))
+        pk = Job.objects.using("pg").get(queue=Q, job_id="r").pk
+        locked, release, removed = threading.Event(), threading.Event(), []
+
+        def retry() -> None:  # as an operator's retry does: the row held, requeued, logged
+            try:
+                with transaction.atomic(using="pg"), connections["pg"].cursor() as cursor:
+                    cursor.execute(
+                        f"UPDATE {Job._meta.db_table} SET state = 'queued', finished_at = NULL, "  # noqa: S608
+                        "expires_at = NULL WHERE id = %s",
+                        [pk],
+                    )
+                    cursor.execute(
+                        f"INSERT INTO {JobEvent._meta.db_table} (job_id, queue, kind, at, "  # noqa: S608
+                        "worker, stream_id) VALUES (%s, %s, 'queued', now(), '', '')",
+                        [pk, Q],
+                    )
+                    locked.set()
+                    release.wait(20)
+            finally:
+                connections["pg"].close()
+
+        def retain() -> None:
+            try:
+                removed.append(timed.retain(Q))
+            finally:
+                connections["pg"].close()
+
+        holder = threading.Thread(target=retry)
+        holder.start()
+        assert locked.wait(10)
+        pass_ = threading.Thread(target=retain)
+        pass_.start()
+        assert wait_until(a_delete_waits_on_the_row, 10)
+        release.set()
+        holder.join(10)
+        pass_.join(10)
+
+        assert removed == [0]
+        assert Job.objects.using("pg").get(pk=pk).state == "queued"
+        assert events_by_job()["r"] == ["queued", "active", "completed", "queued"]
+        assert orphan_events() == 0
+    finally:
+        timed.close()
