@@ -30,6 +30,7 @@ calls only what is below it (and mypy sees every method):
 - ``wakeups``: NOTIFY/LISTEN, the SQLite watcher and every wait (``Wakeups``);
 - ``events``: the event log (``Events``);
 - ``failures``: failure handler calls (``FailureCalls``);
+- ``bulk``: the PostgreSQL bulk insert of ``enqueue_many`` and its fast path (``BulkInsert``);
 - ``enqueue``: enqueue, deduplication, scheduling, singleton successors (``Enqueue``);
 - ``claim``: claim, acknowledgements, leases, flow control, the reaper (``ClaimAck``);
 - ``operations``: operator actions, queue control, the worker registry (``Operations``);

@@ -270,10 +270,15 @@ class DatabaseCore(Storage):
         return rows.exclude(job_id__contains=MARK).exclude(expires_at__lte=_dt(now))
 
     def _delete_rows(self, pks: Sequence[int]) -> None:
-        """Delete job rows and what hangs off them (events, the dedup keys they hold)."""
+        """Delete job rows and what hangs off them (the dedup keys they hold, their events).
+
+        The events go last, in a statement of their own: an event is written by a transaction
+        that holds its job row (``JobEvent.job`` has no database constraint to refuse an
+        orphan), so once the rows are deleted here (after waiting for any such holder) every
+        event of theirs is committed or ours, and this statement sees it."""
         marks = ", ".join(["%s"] * len(pks))
-        for model, column in ((self.JobEvent, "job_id"), (self.DedupKey, "job_id")):
-            self._sql(
-                f"DELETE FROM {self._quoted(model)} WHERE {column} IN ({marks})", pks, fetch=False
-            )
+        self._sql(
+            f"DELETE FROM {self._quoted(self.DedupKey)} WHERE job_id IN ({marks})", pks, fetch=False
+        )
         self._sql(f"DELETE FROM {self._table} WHERE id IN ({marks})", pks, fetch=False)
+        self._sql(f"DELETE FROM {self._event_table} WHERE job_id IN ({marks})", pks, fetch=False)

@@ -8,14 +8,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from ...envelope import task_name
 from ...errors import StorageError
 from ...job import DedupMode, EnqueueOutcome, FinalOutcome, NewJob, RunAtUpdate, StoredEnqueue
-from ...registry import handler_name, job_handler_name
+from ...registry import job_handler_name
 from ...states import TERMINAL_STATES, JobState
+from .bulk import BulkInsert
 from .core import (
     BULK_CHUNK,
     MARK,
@@ -32,36 +32,10 @@ from .core import (
     _ms_or_none,
     _public_id,
 )
-from .failures import FailureCalls
 from .wakeups import CHANNEL
 
-# psycopg's ``Cursor`` binds parameters on the server (Django's cursors quote them on the
-# client): arrays travel in binary, and a connection whose prepare_threshold allows it can
-# prepare the statement once.
-_SERVER_CURSOR: Any = None
 
-
-def _server_cursor_class() -> Any:
-    global _SERVER_CURSOR
-    if _SERVER_CURSOR is None:
-        import psycopg
-
-        _SERVER_CURSOR = psycopg.Cursor
-    return _SERVER_CURSOR
-
-
-# The per-job columns of a bulk insert (``Enqueue._insert_chunk``) and their SQL types, in the
-# order of ``Enqueue._chunk_columns``.
-_CHUNK_COLUMNS = (
-    ("job_id", "text"), ("state", "text"), ("payload", "bytea"), ("content_type", "text"),
-    ("max_attempts", "integer"), ("max_stalls", "integer"), ("priority", "integer"),
-    ("min_backoff", "bigint"), ("max_backoff", "bigint"), ("result_ttl", "bigint"),
-    ("run_at", "timestamptz"), ("waiters", "integer"), ("lifo", "boolean"),
-    ("job_group", "text"), ("handler", "text"),
-)  # fmt: skip
-
-
-class Enqueue(FailureCalls):
+class Enqueue(BulkInsert):
     """Producer transitions and the scheduling rules they share with the worker."""
 
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
@@ -102,26 +76,6 @@ class Enqueue(FailureCalls):
             out += self._enqueue_chunk(queue, chunk)
         return out
 
-    def _pg_sql(self, query: str, params: Sequence[Any]) -> list[Any]:
-        """PostgreSQL: ``query`` with server-side parameter binding on this alias's connection
-        (Django's own, so inside the caller's transaction when there is one).
-
-        Why not ``self._sql``: Django's psycopg cursors bind on the client, so psycopg quoted
-        each element of the bulk arrays in Python (a third of a bulk enqueue's client time).
-        Here the parameters, arrays included, travel in binary. Whether the statement is also
-        prepared is the connection's own choice, as for every other query of the project:
-        Django sets psycopg's ``prepare_threshold`` from ``OPTIONS["prepare_threshold"]``
-        (default ``None``: never, which is what a transaction-mode PgBouncer before 1.21
-        needs); forcing ``prepare=True`` here is a no-op under that default and would break
-        such a pooler under any other. Errors come out as Django's, as from ``_sql``
-        (``unavailable`` and ``atomic`` rely on that)."""
-        self._drop_broken_connection()
-        conn = connections[self.using]
-        conn.ensure_connection()
-        with conn.wrap_database_errors, _server_cursor_class()(conn.connection) as cursor:
-            cursor.execute(query, params)
-            return cursor.fetchall() if cursor.description is not None else []
-
     def _enqueue_one(self, queue: str, job: NewJob, now: int) -> StoredEnqueue:
         """The rules of ``Storage.enqueue``, inside the caller's transaction."""
         if job.dedup is None:
@@ -144,66 +98,74 @@ class Enqueue(FailureCalls):
         raise StorageError(f"job {job.job_id} neither inserted nor found")
 
     def _enqueue_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue]:
+        # Rules that depend on what each earlier job of the chunk did: one by one.
+        one_by_one = any(
+            job.dedup is not None or job.singleton or (job.update is not None and job.update.any)
+            for job in jobs
+        )
+        if self.vendor == "postgresql" and not one_by_one:
+            if len({job.job_id for job in jobs}) == len(jobs):  # else: repeats, the rules
+                stored = self._insert_new_chunk(queue, jobs)
+                if stored is not None:
+                    return stored
         with self._atomic():
             self._write_lock()
             now = self._now()  # after the lock: no earlier than the commit we waited for
-            if any(
-                job.dedup is not None
-                or job.singleton
-                or (job.update is not None and job.update.any)
-                for job in jobs
-            ):  # rules that depend on what each earlier job of the chunk did: one by one
+            if one_by_one:
                 return [self._enqueue_one(queue, job, now) for job in jobs]
             if self.vendor == "postgresql":
                 return self._insert_chunk(queue, jobs, now)
-            ids = list(dict.fromkeys(job.job_id for job in jobs))
-            qs = self._jobs().filter(queue=queue, job_id__in=ids)
-            if self.vendor == "postgresql":
-                qs = qs.select_for_update()
-            existing = {row.job_id: row for row in qs}
-            expired = [r.pk for r in existing.values() if r.expires_at and _ms(r.expires_at) <= now]
-            if expired:  # their TTL passed: the ids are free again
-                self._jobs().filter(pk__in=expired).delete()
-                existing = {k: r for k, r in existing.items() if r.pk not in expired}
-            fresh: dict[str, NewJob] = {}
-            for job in jobs:
-                if job.job_id not in existing and job.job_id not in fresh:
-                    fresh[job.job_id] = job
-            rows = [self._new_row(queue, job, now) for job in fresh.values()]
-            try:
-                with transaction.atomic(using=self.using):  # a concurrent insert of an id
-                    self._jobs().bulk_create(rows)
-            except IntegrityError:  # ... sends this chunk down the one-by-one path
-                return [self._enqueue_one(queue, job, now) for job in jobs]
-            lifo = [r.pk for r in rows if r.lifo]
-            if lifo:
-                self._jobs().filter(pk__in=lifo).update(order_key=-F("id"))
-            for kind in (JobState.QUEUED, JobState.SCHEDULED):
-                of_kind = [(r.pk, queue, r.job_id) for r in rows if r.state == kind]
-                self._events(of_kind, kind.value, now)
-            if any(r.state == JobState.QUEUED for r in rows):
-                self._signal(f"w {queue}")
-            created = {r.job_id: r for r in rows}
-            out = []
-            for job in jobs:
-                row = created.pop(job.job_id, None)
-                if row is not None:
-                    if job.waiter:
-                        self._remember_waiter(queue, job.job_id, row.pk)
-                    out.append(
-                        StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, JobState(row.state))
-                    )
-                    continue
-                prior = existing.get(job.job_id)
-                if prior is None:  # a repeat, within this batch, of an id created above
-                    prior = next(r for r in rows if r.job_id == job.job_id)
-                out.append(self._duplicate(queue, prior, job))
-            return out
+            return self._bulk_create_chunk(queue, jobs, now)
+
+    def _bulk_create_chunk(
+        self, queue: str, jobs: Sequence[NewJob], now: int
+    ) -> list[StoredEnqueue]:
+        """SQLite, inside the chunk's transaction: the ids that exist are read first, the new
+        ones stored with one ``bulk_create``."""
+        ids = list(dict.fromkeys(job.job_id for job in jobs))
+        qs = self._jobs().filter(queue=queue, job_id__in=ids)
+        existing = {row.job_id: row for row in qs}
+        expired = [r.pk for r in existing.values() if r.expires_at and _ms(r.expires_at) <= now]
+        if expired:  # their TTL passed: the ids are free again
+            self._jobs().filter(pk__in=expired).delete()
+            existing = {k: r for k, r in existing.items() if r.pk not in expired}
+        fresh: dict[str, NewJob] = {}
+        for job in jobs:
+            if job.job_id not in existing and job.job_id not in fresh:
+                fresh[job.job_id] = job
+        rows = [self._new_row(queue, job, now) for job in fresh.values()]
+        try:
+            with transaction.atomic(using=self.using):  # a concurrent insert of an id
+                self._jobs().bulk_create(rows)
+        except IntegrityError:  # ... sends this chunk down the one-by-one path
+            return [self._enqueue_one(queue, job, now) for job in jobs]
+        lifo = [r.pk for r in rows if r.lifo]
+        if lifo:
+            self._jobs().filter(pk__in=lifo).update(order_key=-F("id"))
+        for kind in (JobState.QUEUED, JobState.SCHEDULED):
+            of_kind = [(r.pk, queue, r.job_id) for r in rows if r.state == kind]
+            self._events(of_kind, kind.value, now)
+        if any(r.state == JobState.QUEUED for r in rows):
+            self._signal(f"w {queue}")
+        created = {r.job_id: r for r in rows}
+        out = []
+        for job in jobs:
+            row = created.pop(job.job_id, None)
+            if row is not None:
+                if job.waiter:
+                    self._remember_waiter(queue, job.job_id, row.pk)
+                out.append(StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, JobState(row.state)))
+                continue
+            prior = existing.get(job.job_id)
+            if prior is None:  # a repeat, within this batch, of an id created above
+                prior = next(r for r in rows if r.job_id == job.job_id)
+            out.append(self._duplicate(queue, prior, job))
+        return out
 
     def _insert_chunk(self, queue: str, jobs: Sequence[NewJob], now: int) -> list[StoredEnqueue]:
-        """PostgreSQL, inside the chunk's transaction: every new id of ``jobs`` in one
-        ``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING``, their events in the same
-        statement.
+        """PostgreSQL, inside the chunk's transaction, when the fast path (``bulk.py``) could
+        not take the chunk: every new id of ``jobs`` in one ``INSERT … SELECT … FROM unnest(…)
+        ON CONFLICT DO NOTHING``, their events in the same statement.
         An id that exists (or repeats within the chunk) then goes through ``_enqueue_one``,
         which applies the rules for it (an expired row is replaced, a live one answers
         DUPLICATE or COMPLETED and gains the waiter)."""
@@ -217,45 +179,13 @@ class Enqueue(FailureCalls):
         )
         if expired:
             self._delete_rows([r[0] for r in expired])
-        # One array per column (``unnest``): the statement and its parse stay the same size
-        # whatever the chunk's, where a VALUES list of 17 parameters a row took longer to
-        # build and to plan than to execute. A column whose value is the same for the whole
-        # chunk (options, content type, handler: the common case) is one parameter instead:
-        # psycopg packs an array element by element in Python.
-        values = self._chunk_columns(queue, list(fresh.values()), now)
-        picks: list[str] = []  # per column: ``u.<name>`` (an array) or ``%s::<type>`` (one value)
-        scalars: list[Any] = []
-        arrays: list[tuple[str, list[Any]]] = []
-        names: list[str] = []
-        for (name, sql_type), column in zip(_CHUNK_COLUMNS, values, strict=True):
-            if name != "job_id" and column.count(column[0]) == len(column):
-                picks.append(f"%s::{sql_type}")
-                scalars.append(column[0])
-            else:  # binary: no quoting per element
-                picks.append(f"u.{name}")
-                arrays.append((f"%b::{sql_type}[]", column))
-                names.append(name)
-        created = self._param_dt(now)
-        rows = self._pg_sql(
-            f"WITH ins AS (INSERT INTO {self._table} (queue, created_at, attempts, stalls, "
-            "worker, token, dedup_key, order_key, has_successor, "
-            f"{', '.join(name for name, _ in _CHUNK_COLUMNS)}) "
-            f"SELECT %s, %s, 0, 0, '', 0, '', 0, false, {', '.join(picks)} "
-            f"FROM unnest({', '.join(a for a, _ in arrays)}) WITH ORDINALITY "
-            f"AS u ({', '.join(names)}, ord) ORDER BY u.ord "
-            "ON CONFLICT (queue, job_id) DO NOTHING RETURNING id, job_id, state, lifo), "
-            f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
-            "stream_id) SELECT id, %s, state, %s, '', '' FROM ins) SELECT * FROM ins",
-            [queue, created, *scalars, *(column for _, column in arrays), queue, created],
-        )
+        rows = self._insert_rows(queue, list(fresh.values()), now, skip_taken=True)
+        if len(rows) == len(fresh) and not expired:
+            self._bulk_careful.discard(queue)  # no id was taken: the fast path again
+        else:
+            self._bulk_careful.add(queue)
         inserted = {r[1]: (r[0], JobState(r[2])) for r in rows}
-        lifo = [r[0] for r in rows if r[3]]
-        if lifo:  # newest LIFO job first: its key is below every earlier one's
-            self._sql(
-                f"UPDATE {self._table} SET order_key = -id WHERE id = ANY(%s)", [lifo], fetch=False
-            )
-        if any(state is JobState.QUEUED for _, state in inserted.values()):
-            self._signal(f"w {queue}")
+        self._after_insert(queue, rows)
         out = []
         for job in jobs:
             new = inserted.pop(job.job_id, None)
@@ -266,37 +196,6 @@ class Enqueue(FailureCalls):
                 self._remember_waiter(queue, job.job_id, new[0])
             out.append(StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, new[1]))
         return out
-
-    def _chunk_columns(self, queue: str, jobs: list[NewJob], now: int) -> list[list[Any]]:
-        """The values of ``_CHUNK_COLUMNS`` for ``jobs``, one list per column (built column
-        by column: a loop per job appending to 15 lists cost more than the insert's parse)."""
-        dues = [self._due(job, now) for job in jobs]
-        opts = [job.options for job in jobs]
-        handler = handler_name(queue)  # ``job_handler_name``, its lookup once per chunk
-        return [
-            [job.job_id for job in jobs],
-            ["scheduled" if due > now else "queued" for due in dues],
-            [job.payload for job in jobs],
-            [job.content_type for job in jobs],
-            [o.max_attempts for o in opts],
-            [o.max_stalls for o in opts],
-            [o.priority for o in opts],
-            [o.min_backoff for o in opts],
-            [o.max_backoff for o in opts],
-            [o.result_ttl for o in opts],
-            [self._param_dt(due) if due > now else None for due in dues],
-            [1 if job.waiter else 0 for job in jobs],
-            [job.lifo for job in jobs],
-            [job.group or "" for job in jobs],
-            [task_name(job.content_type, job.payload) or handler for job in jobs],
-        ]
-
-    @staticmethod
-    def _due(job: NewJob, now: int) -> int:
-        due = max(job.run_at or 0, now + job.delay)
-        if job.dedup is not None and job.dedup.mode is DedupMode.DEBOUNCE:
-            due = max(due, now + (job.dedup.ttl or 0))
-        return due
 
     def _new_row(self, queue: str, job: NewJob, now: int) -> Any:
         o = job.options

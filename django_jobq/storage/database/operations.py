@@ -327,12 +327,20 @@ class Operations(ClaimAck):
                 self._configs().select_for_update().filter(name=queue).first()
             if not force and self._jobs().filter(queue=queue, state=JobState.ACTIVE).exists():
                 raise QueueBusy(f"queue {queue} has active jobs (force=True deletes them too)")
-            for model in (self.JobEvent, self.DedupKey, self.ClaimLog, self.FailureCallRow):
+            for model in (self.DedupKey, self.ClaimLog, self.FailureCallRow):
                 self._sql(
                     f"DELETE FROM {self._quoted(model)} WHERE queue = %s", [queue], fetch=False
                 )
             removed = self._records(self._jobs().filter(queue=queue), self._now()).count()
             self._sql(f"DELETE FROM {self._table} WHERE queue = %s", [queue], fetch=False)
+            # The events of the rows gone, after them (see ``_delete_rows``); a job enqueued
+            # meanwhile keeps its row and its event.
+            self._sql(
+                f"DELETE FROM {self._event_table} WHERE queue = %s AND NOT EXISTS "
+                f"(SELECT 1 FROM {self._table} j WHERE j.id = {self._event_table}.job_id)",
+                [queue],
+                fetch=False,
+            )
             self._configs().filter(name=queue).delete()
             return removed
 

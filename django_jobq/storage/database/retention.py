@@ -1,7 +1,7 @@
 """Retention of finished jobs on the database backend (``Retention``, docs/settings.md).
 
 Here the rows are the state, so a finished job is removed by deleting its row (its events and
-a dedup key it held go with it, by cascade). Finishing a job does not trim: the hot path stays
+a dedup key it held go with it). Finishing a job does not trim: the hot path stays
 one statement on PostgreSQL. The reaper pass does (``reap``, which workers run on their own
 queues every ``reap_interval`` too): per state with a policy, at most ``limit`` rows past the
 count (newest first by ``finished_at``, then primary key) and at most ``limit`` rows finished
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ...job import Keep, Retention
 from ...states import JobState
 from ..base import ReapReport
-from .core import _dt
+from .core import _chunks, _dt
 from .operations import Operations
 
 _STATES = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
@@ -73,7 +73,28 @@ class Retaining(Operations):
             if doomed:
                 with self._atomic():
                     self._write_lock()
-                    # Re-checked in the delete: a row retried meanwhile is not finished now.
-                    _, per_model = rows.filter(id__in=set(doomed)).delete()
-                removed += per_model.get(self.Job._meta.label, 0)
+                    removed += self._delete_still_finished(queue, state, sorted(set(doomed)))
         return removed
+
+    def _delete_still_finished(self, queue: str, state: JobState, pks: list[int]) -> int:
+        """Delete those of ``pks`` still finished in ``state``, with the dedup keys they held
+        and their events (after them, as in ``_delete_rows``); how many went.
+
+        The delete itself checks the state: a row retried since it was picked is not finished
+        now and stays, with its events (on PostgreSQL the delete waits for the retry's
+        transaction and reads the row again). Django's ``QuerySet.delete`` deleted the rows
+        picked by primary key only, so such a row went, and the retry's event was either an
+        orphan or, with the event's foreign key of before migration 0023, a failed pass."""
+        gone: list[int] = []
+        for chunk in _chunks(pks):
+            marks = ", ".join(["%s"] * len(chunk))
+            gone += [r[0] for r in self._sql(
+                f"DELETE FROM {self._table} WHERE id IN ({marks}) AND queue = %s AND state = %s "
+                "AND finished_at IS NOT NULL RETURNING id",
+                [*chunk, queue, state.value],
+            )]  # fmt: skip
+        for chunk in _chunks(gone):
+            marks = ", ".join(["%s"] * len(chunk))
+            for table in (self._quoted(self.DedupKey), self._event_table):
+                self._sql(f"DELETE FROM {table} WHERE job_id IN ({marks})", chunk, fetch=False)
+        return len(gone)
