@@ -231,30 +231,33 @@ class ClaimAck(Enqueue):
         due flag is the earliest due time compared with now (one index probe, not two),
         and it has no "anything queued" probe (an empty ``picked`` says so when the gate
         lets it run; the rare held or limited answer asks ``_queued`` afterwards). Each
-        probe of the jobs table costs planning time on every call, more than its run."""
+        probe of the jobs table costs planning time on every call, more than its run; so
+        does each mention of a probe's column in the gate itself (the planner copies the
+        probe into each), hence "due" is worked out twice from ``next_run``: in ``picked``,
+        which reads the gate's row, and here."""
         t, base, at = self._table, token_base(), self._param_dt(now)
         rows = self._pg_sql(
             "WITH gate AS (SELECT c.paused, c.postponed_until, c.concurrency, c.rate_max, "
             "c.rate_window, c.group_rate_max, c.group_rate_window, "
-            "COALESCE(n.run_at <= %s, false) AS due, n.run_at AS next_run "
-            f"FROM (SELECT (SELECT j.run_at FROM {t} j WHERE j.queue = %s "
+            f"(SELECT j.run_at FROM {t} j WHERE j.queue = %s "
             "AND j.state IN ('scheduled', 'retrying') AND j.run_at IS NOT NULL "
-            "ORDER BY j.run_at LIMIT 1) AS run_at) n "
+            "ORDER BY j.run_at LIMIT 1) AS next_run FROM (SELECT 1 AS one) d "
             f"LEFT JOIN {self._quoted(self.QueueConfig)} c ON c.name = %s), "
             f"picked AS (SELECT id FROM {t} WHERE queue = %s AND state = 'queued' AND "
-            "(SELECT NOT g.due AND NOT COALESCE(g.paused, false) AND "
+            "(SELECT NOT COALESCE(g.next_run <= %s, false) AND NOT COALESCE(g.paused, false) AND "
             "(g.postponed_until IS NULL OR g.postponed_until <= %s) AND g.concurrency IS NULL "
             "AND g.rate_max IS NULL AND g.group_rate_max IS NULL FROM gate g) "
             f"{ORDER} LIMIT %s FOR UPDATE SKIP LOCKED), "
             + self._activate_ctes()
             + self._quick_cte()
             + "SELECT gate.*, claimed.* FROM gate CROSS JOIN quick LEFT JOIN claimed ON true",
-            [at, queue, queue, queue, at, count, worker_id, base, base, at,
+            [queue, queue, queue, at, at, count, worker_id, base, base, at,
              self._param_dt(now + lease_ms), queue, at, worker_id],
         )  # fmt: skip
         gate = rows[0]
-        claimed = [r[9:] for r in rows if r[9] is not None]
-        return _Flow.from_row(gate), bool(gate[7]), _raw_ms(gate[8]), claimed
+        claimed = [r[8:] for r in rows if r[8] is not None]
+        next_run = _raw_ms(gate[7])
+        return _Flow.from_row(gate), next_run is not None and next_run <= now, next_run, claimed
 
     def _queued(self, queue: str) -> bool:
         """Whether ``queue`` has a queued job (locked ones too)."""
