@@ -624,9 +624,12 @@ class ClaimAck(Enqueue):
             "stream_id) SELECT id, %s, 'completed', %s, worker, '' FROM done), "
             # The waiters' signal: the row, its expiry and its result ride along when they
             # fit well inside NOTIFY's 8,000-byte payload (the waiter then needs no read).
-            "said AS (SELECT d.job_id, d.token, d.waiters, 'd ' || %s || ' ' || d.job_id || "
-            "CASE WHEN octet_length(d.result) <= %s THEN ' ' || d.id || ' ' || "
-            "(%s + d.result_ttl) || ' ' || encode(d.result, 'base64') ELSE '' END AS msg "
+            # MATERIALIZED: built once per row; inlined, each of the two mentions of ``msg``
+            # below was a copy of it to plan and to run (the base64 of the result twice).
+            "said AS MATERIALIZED (SELECT d.job_id, d.token, d.waiters, "
+            "'d ' || %s || ' ' || d.job_id || CASE WHEN octet_length(d.result) <= %s "
+            "THEN ' ' || d.id || ' ' || (%s + d.result_ttl) || ' ' || "
+            "encode(d.result, 'base64') ELSE '' END AS msg "
             "FROM done d) "
             "SELECT s.job_id, s.token, CASE WHEN s.waiters > 0 THEN s.msg END, "
             "CASE WHEN s.waiters > 0 THEN pg_notify(%s, s.msg) END, "
