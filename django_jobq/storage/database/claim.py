@@ -598,8 +598,9 @@ class ClaimAck(Enqueue):
         t, at = self._table, self._param_dt(now)
         if len(ids) == 1:
             # A lone completion (every request/response): plain equalities, which the
-            # planner reads as one probe of the (queue, job_id) index whatever its
-            # statistics say, where the join with ``unnest`` may scan the queue's rows.
+            # planner matches to an index on (queue, job_id) or (queue, state) even with no
+            # statistics (a new table, autovacuum off), where the join with ``unnest`` had
+            # it read every row of the queue, finished ones included, to find one.
             head = (
                 "WITH old AS (SELECT j.id, j.waiters, %s::bytea AS result FROM "
                 f"{t} j WHERE j.queue = %s AND j.job_id = %s AND j.token = %s "
