@@ -45,6 +45,12 @@ if _BENCH_DB == "postgres":
         "HOST": os.environ.get("JOBQ_BENCH_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("JOBQ_BENCH_PG_PORT", "5432"),
     }
+    if os.environ.get("JOBQ_BENCH_PG_PREPARE"):
+        # psycopg's prepare_threshold (Django's OPTIONS): what a deployment without a
+        # transaction-mode pooler may set; unset, as in Django's default, nothing is prepared.
+        DATABASES["default"]["OPTIONS"] = {
+            "prepare_threshold": int(os.environ["JOBQ_BENCH_PG_PREPARE"])
+        }
 if _BENCH_DB == "sqlite":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20}
 if _BENCH_DB:

@@ -115,14 +115,14 @@ class ClaimAck(Enqueue):
             # claims in one round trip (the request/response path). It claims only when the
             # gate, in the same snapshot, finds no flow control and nothing due to promote;
             # otherwise its gate answers and the paths below take over.
-            flow, queued, due, next_run, rows = self._gated_claim(
-                queue, worker_id, count, lease_ms, now
-            )
+            flow, due, next_run, rows = self._gated_claim(queue, worker_id, count, lease_ms, now)
             next_due_in = None if next_run is None else max(next_run - now, 0)
-            if rows or (queued and not due and not flow.limited and flow.held(now) is None):
-                # (nothing claimed with jobs queued: other claimers hold them, SKIP LOCKED)
+            if rows or (not due and not flow.limited and flow.held(now) is None):
+                # (nothing claimed: nothing queued, or other claimers hold it, SKIP LOCKED)
                 jobs = self._claimed(queue, rows, worker_id, now, logged=True)
                 return ClaimBatch(jobs, next_due_in)
+            # Held, limited or due: whether a job is queued only matters from here on.
+            queued = flow.held(now) is None and not due and self._queued(queue)
         else:
             flow, queued, due, next_run = self._gate(queue, now)
         held = flow.held(now)
@@ -187,7 +187,8 @@ class ClaimAck(Enqueue):
             f"c.group_rate_max, c.group_rate_window, "
             f"EXISTS (SELECT 1 FROM {t} j WHERE j.queue = %s AND j.state = 'queued'), "
             f"EXISTS (SELECT 1 FROM {t} j WHERE {waiting} AND j.run_at <= %s), "
-            f"(SELECT MIN(j.run_at) FROM {t} j WHERE {waiting}) FROM (SELECT 1 AS one) d "
+            f"(SELECT MIN(j.run_at) FROM {t} j WHERE {waiting} AND j.run_at IS NOT NULL) "
+            "FROM (SELECT 1 AS one) d "
             f"LEFT JOIN {self._quoted(self.QueueConfig)} c ON c.name = %s",
             [queue, queue, self._param_dt(now), queue, queue],
         )[0]
@@ -206,39 +207,66 @@ class ClaimAck(Enqueue):
             "stream_id) SELECT id, %s, 'active', %s, %s, '' FROM claimed), "
         )
 
+    def _quick_cte(self) -> str:
+        """The ``quick`` CTE both PostgreSQL claims end with: their transaction's commit does
+        not wait for the WAL flush (``synchronous_commit`` off until it ends; the reason is
+        in ``_claim_statement``'s docstring). Only when the claim is its own transaction: in
+        a caller's, the setting would also relax the caller's other writes (a verdict, an
+        enqueue, its own rows), so there the claim commits as durably as they do."""
+        if connections[self.using].in_atomic_block:
+            return "quick AS (SELECT 'on' AS off) "
+        return "quick AS (SELECT set_config('synchronous_commit', 'off', true) AS off) "
+
     def _gated_claim(
         self, queue: str, worker_id: str, count: int, lease_ms: int, now: int
-    ) -> tuple[_Flow, bool, bool, int | None, list[Any]]:
+    ) -> tuple[_Flow, bool, int | None, list[Any]]:
         """PostgreSQL: ``_gate`` and ``_claim_statement`` as one statement. The claim's
         ``picked`` takes rows only when the gate row (same snapshot) shows no config that
         holds or limits the queue and no scheduled job due (those need the transactional
         path: limits counted under the config row lock, due jobs promoted first, so a due
-        job of a better priority is not passed over). Returns the gate's answers and the
-        claimed rows (``RETURNING``'s columns)."""
+        job of a better priority is not passed over). Returns the gate's answers (flow, a
+        job due, the earliest due time) and the claimed rows (``RETURNING``'s columns).
+
+        Leaner than ``_gate`` because it runs at every wake-up of a request/response: the
+        due flag is the earliest due time compared with now (one index probe, not two),
+        and it has no "anything queued" probe (an empty ``picked`` says so when the gate
+        lets it run; the rare held or limited answer asks ``_queued`` afterwards). Each
+        probe of the jobs table costs planning time on every call, more than its run; so
+        does each mention of a probe's column in the gate itself (the planner copies the
+        probe into each), hence "due" is worked out twice from ``next_run``: in ``picked``,
+        which reads the gate's row, and here."""
         t, base, at = self._table, token_base(), self._param_dt(now)
-        waiting = "j.queue = %s AND j.state IN ('scheduled', 'retrying')"
-        rows = self._sql(
+        rows = self._pg_sql(
             "WITH gate AS (SELECT c.paused, c.postponed_until, c.concurrency, c.rate_max, "
             "c.rate_window, c.group_rate_max, c.group_rate_window, "
-            f"EXISTS (SELECT 1 FROM {t} j WHERE j.queue = %s AND j.state = 'queued') AS queued, "
-            f"EXISTS (SELECT 1 FROM {t} j WHERE {waiting} AND j.run_at <= %s) AS due, "
-            f"(SELECT MIN(j.run_at) FROM {t} j WHERE {waiting}) AS next_run "
-            f"FROM (SELECT 1 AS one) d LEFT JOIN {self._quoted(self.QueueConfig)} c "
-            "ON c.name = %s), "
+            f"(SELECT j.run_at FROM {t} j WHERE j.queue = %s "
+            "AND j.state IN ('scheduled', 'retrying') AND j.run_at IS NOT NULL "
+            "ORDER BY j.run_at LIMIT 1) AS next_run FROM (SELECT 1 AS one) d "
+            f"LEFT JOIN {self._quoted(self.QueueConfig)} c ON c.name = %s), "
             f"picked AS (SELECT id FROM {t} WHERE queue = %s AND state = 'queued' AND "
-            "(SELECT g.queued AND NOT g.due AND NOT COALESCE(g.paused, false) AND "
+            "(SELECT NOT COALESCE(g.next_run <= %s, false) AND NOT COALESCE(g.paused, false) AND "
             "(g.postponed_until IS NULL OR g.postponed_until <= %s) AND g.concurrency IS NULL "
             "AND g.rate_max IS NULL AND g.group_rate_max IS NULL FROM gate g) "
             f"{ORDER} LIMIT %s FOR UPDATE SKIP LOCKED), "
             + self._activate_ctes()
-            + "quick AS (SELECT set_config('synchronous_commit', 'off', true) AS off) "
-            "SELECT gate.*, claimed.* FROM gate CROSS JOIN quick LEFT JOIN claimed ON true",
-            [queue, queue, at, queue, queue, queue, at, count, worker_id, base, base, at,
+            + self._quick_cte()
+            + "SELECT gate.*, claimed.* FROM gate CROSS JOIN quick LEFT JOIN claimed ON true",
+            [queue, queue, queue, at, at, count, worker_id, base, base, at,
              self._param_dt(now + lease_ms), queue, at, worker_id],
         )  # fmt: skip
         gate = rows[0]
-        claimed = [r[10:] for r in rows if r[10] is not None]
-        return _Flow.from_row(gate), bool(gate[7]), bool(gate[8]), _raw_ms(gate[9]), claimed
+        claimed = [r[8:] for r in rows if r[8] is not None]
+        next_run = _raw_ms(gate[7])
+        return _Flow.from_row(gate), next_run is not None and next_run <= now, next_run, claimed
+
+    def _queued(self, queue: str) -> bool:
+        """Whether ``queue`` has a queued job (locked ones too)."""
+        return bool(
+            self._sql(
+                f"SELECT 1 FROM {self._table} WHERE queue = %s AND state = 'queued' LIMIT 1",
+                [queue],
+            )
+        )
 
     def _claim_statement(
         self, queue: str, worker_id: str, count: int, lease_ms: int, now: int
@@ -255,12 +283,12 @@ class ClaimAck(Enqueue):
         not happen: the job is queued again, and the lost run's verdict fails its lease check
         because the next claim's token is drawn from the clock (``token_base``)."""
         t, base, at = self._table, token_base(), self._param_dt(now)
-        return self._sql(
+        return self._pg_sql(
             f"WITH picked AS (SELECT id FROM {t} WHERE queue = %s AND state = 'queued' {ORDER} "
             "LIMIT %s FOR UPDATE SKIP LOCKED), "
             + self._activate_ctes()
-            + "quick AS (SELECT set_config('synchronous_commit', 'off', true)) "
-            "SELECT claimed.* FROM claimed, quick",
+            + self._quick_cte()
+            + "SELECT claimed.* FROM claimed, quick",
             [queue, count, worker_id, base, base, at, self._param_dt(now + lease_ms),
              queue, at, worker_id],
         )  # fmt: skip
@@ -568,12 +596,27 @@ class ClaimAck(Enqueue):
                 tokens.append(ack.token)
                 bodies.append(ack.body)
         t, at = self._table, self._param_dt(now)
-        rows = self._sql(
-            "WITH v (job_id, token, result) AS "
-            "(SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[])), "
-            f"old AS (SELECT j.id, j.waiters, v.result FROM {t} j JOIN v "
-            "ON j.job_id = v.job_id AND j.token = v.token WHERE j.queue = %s "
-            "AND j.state = 'active' AND NOT j.has_successor FOR UPDATE OF j), "
+        if len(ids) == 1:
+            # A lone completion (every request/response): plain equalities, which the
+            # planner matches to an index on (queue, job_id) or (queue, state) even with no
+            # statistics (a new table, autovacuum off), where the join with ``unnest`` had
+            # it read every row of the queue, finished ones included, to find one.
+            head = (
+                "WITH old AS (SELECT j.id, j.waiters, %s::bytea AS result FROM "
+                f"{t} j WHERE j.queue = %s AND j.job_id = %s AND j.token = %s "
+            )
+            head_params: list[Any] = [bodies[0], queue, ids[0], tokens[0]]
+        else:
+            head = (
+                "WITH v (job_id, token, result) AS "
+                "(SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[])), "
+                f"old AS (SELECT j.id, j.waiters, v.result FROM {t} j JOIN v "
+                "ON j.job_id = v.job_id AND j.token = v.token WHERE j.queue = %s "
+                "AND j.job_id = ANY(%s::text[]) "
+            )
+            head_params = [ids, tokens, bodies, queue, ids]
+        rows = self._pg_sql(
+            head + "AND j.state = 'active' AND NOT j.has_successor FOR UPDATE OF j), "
             f"done AS (UPDATE {t} j SET state = 'completed', result = old.result, "
             "finished_at = %s, expires_at = %s + j.result_ttl * interval '1 millisecond', "
             "lease_deadline = NULL, waiters = 0 FROM old WHERE j.id = old.id "
@@ -582,16 +625,18 @@ class ClaimAck(Enqueue):
             "stream_id) SELECT id, %s, 'completed', %s, worker, '' FROM done), "
             # The waiters' signal: the row, its expiry and its result ride along when they
             # fit well inside NOTIFY's 8,000-byte payload (the waiter then needs no read).
-            "said AS (SELECT d.job_id, d.token, d.waiters, 'd ' || %s || ' ' || d.job_id || "
-            "CASE WHEN octet_length(d.result) <= %s THEN ' ' || d.id || ' ' || "
-            "(%s + d.result_ttl) || ' ' || encode(d.result, 'base64') ELSE '' END AS msg "
+            # MATERIALIZED: built once per row; inlined, each of the two mentions of ``msg``
+            # below was a copy of it to plan and to run (the base64 of the result twice).
+            "said AS MATERIALIZED (SELECT d.job_id, d.token, d.waiters, "
+            "'d ' || %s || ' ' || d.job_id || CASE WHEN octet_length(d.result) <= %s "
+            "THEN ' ' || d.id || ' ' || (%s + d.result_ttl) || ' ' || "
+            "encode(d.result, 'base64') ELSE '' END AS msg "
             "FROM done d) "
             "SELECT s.job_id, s.token, CASE WHEN s.waiters > 0 THEN s.msg END, "
             "CASE WHEN s.waiters > 0 THEN pg_notify(%s, s.msg) END, "
             f"(SELECT c.concurrency FROM {self._quoted(self.QueueConfig)} c WHERE c.name = %s) "
             "FROM said s",
-            [ids, tokens, bodies, queue, at, at, queue, at, queue, CARRIED_RESULT, now,
-             CHANNEL, queue],
+            [*head_params, at, at, queue, at, queue, CARRIED_RESULT, now, CHANNEL, queue],
         )  # fmt: skip
         said = [r[2] for r in rows if r[2] is not None]
         if said:  # this process's waiters (others get the NOTIFY)
