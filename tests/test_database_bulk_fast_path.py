@@ -18,7 +18,7 @@ from django_jobq.states import JobState
 from django_jobq.storage.database import DatabaseStorage
 from django_jobq.storage.database import bulk as bulk_module
 
-from .helpers import wait_until
+from .helpers import PATIENCE, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["pg"], transaction=True)]
 
@@ -145,7 +145,7 @@ def test_bulk_enqueues_of_the_same_ids_racing_store_each_once():
     def run(i: int) -> None:
         s = DatabaseStorage("pg")
         try:
-            barrier.wait(10)
+            barrier.wait(PATIENCE)
             answers[i] = s.enqueue_many(Q, [job(x) for x in ids])
         except BaseException as exc:  # reported by the test thread
             errors.append(exc)
@@ -157,7 +157,7 @@ def test_bulk_enqueues_of_the_same_ids_racing_store_each_once():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(PATIENCE)
     assert not errors, errors
     for k, job_id in enumerate(ids):
         outcomes = sorted(a[k].outcome.value for a in answers)
@@ -216,7 +216,7 @@ def test_a_delete_racing_a_writer_of_the_rows_events_leaves_no_orphan(storage):
     locked, release, deleted = threading.Event(), threading.Event(), []
     holder = threading.Thread(target=hold_with_an_event, args=(pk, locked, release))
     holder.start()
-    assert locked.wait(10)
+    assert locked.wait(PATIENCE)
 
     def delete() -> None:
         try:
@@ -226,10 +226,10 @@ def test_a_delete_racing_a_writer_of_the_rows_events_leaves_no_orphan(storage):
 
     deleter = threading.Thread(target=delete)
     deleter.start()
-    assert wait_until(a_delete_waits_on_the_row, 10)
+    assert wait_until(a_delete_waits_on_the_row, PATIENCE)
     release.set()
-    holder.join(10)
-    deleter.join(10)
+    holder.join(PATIENCE)
+    deleter.join(PATIENCE)
 
     assert deleted == [1]
     assert not Job.objects.using("pg").filter(queue=Q).exists()
@@ -256,7 +256,7 @@ def test_obliterate_racing_an_enqueue_leaves_no_orphan_and_no_job_without_its_ev
             fired.append(before)
             other = threading.Thread(target=enqueue_elsewhere)
             other.start()
-            other.join(10)
+            other.join(PATIENCE)
         return real(query, params, fetch=fetch)
 
     def enqueue_elsewhere() -> None:
@@ -339,13 +339,13 @@ def test_retention_racing_a_retry_keeps_the_retried_row_and_its_events(clock):
 
         holder = threading.Thread(target=retry)
         holder.start()
-        assert locked.wait(10)
+        assert locked.wait(PATIENCE)
         pass_ = threading.Thread(target=retain)
         pass_.start()
-        assert wait_until(a_delete_waits_on_the_row, 10)
+        assert wait_until(a_delete_waits_on_the_row, PATIENCE)
         release.set()
-        holder.join(10)
-        pass_.join(10)
+        holder.join(PATIENCE)
+        pass_.join(PATIENCE)
 
         assert removed == [0]
         assert Job.objects.using("pg").get(pk=pk).state == "queued"
