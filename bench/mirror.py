@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ def child() -> None:
         if n:
             busy["seconds"] += time.perf_counter() - start
             busy["events"] += n
+            for name, seconds in call.items():
+                phases[name] += seconds
+        else:  # a read that found nothing (it may have waited up to ``block``): not work
+            phases["idle_read"] += sum(call.values())
+        call.clear()
         n_last[0] = n
         return n
 
@@ -75,8 +81,11 @@ def child() -> None:
 
     mirror._apply = counted  # type: ignore[method-assign]
     # Where the busy time goes: reading and decoding the stream, reading and decoding the
-    # records, and the rest of the writes (building rows, SQL, commits).
-    phases = {"stream_read": 0.0, "records_read": 0.0, "write": 0.0}
+    # records, and the rest of the writes (building rows, SQL, commits). Counted for the
+    # batches that had events only (as the busy time): the reads that found nothing, the
+    # mirror waiting up to ``block`` for the run to start or after it drained, are apart.
+    phases = dict.fromkeys(("stream_read", "records_read", "write", "ack_trim", "idle_read"), 0.0)
+    call: dict[str, float] = defaultdict(float)  # the phases of the run_once under way
 
     def timed_phase(name: str, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -84,7 +93,7 @@ def child() -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                phases[name] += time.perf_counter() - start
+                call[name] += time.perf_counter() - start
 
         return wrapper
 
@@ -92,6 +101,8 @@ def child() -> None:
     storage.read_group = timed_phase("stream_read", storage.read_group)
     storage.get_records = timed_phase("records_read", storage.get_records)
     mirror._write_jobs = timed_phase("write", mirror._write_jobs)  # type: ignore[method-assign]
+    storage.ack_events = timed_phase("ack_trim", storage.ack_events)
+    storage.trim_read_events = timed_phase("ack_trim", storage.trim_read_events)
     signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
     profile = os.environ.get("JOBQ_BENCH_MIRROR_PROFILE")
     if profile:  # --profile: where the mirror process spends its time (cProfile stats)
