@@ -89,7 +89,17 @@ def job_row(queue: str, handler: str, r: JobRecord) -> tuple:
     )  # fmt: skip
 
 
-def _converter(field: Any, conn: Any) -> Callable[[Any], Any] | None:
+_PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 UTC in Unix ms: PostgreSQL's epoch for times
+
+
+def pg_micros(ms: int | None) -> int | None:
+    """A time in the binary ``COPY`` format of ``timestamptz`` (PostgreSQL's wire format:
+    microseconds since 2000-01-01 UTC, 8 bytes): the value ``ms_dt(ms)`` stands for, in
+    integers only, without building a datetime (a sixth of the mirror process's time)."""
+    return None if ms is None else (ms - _PG_EPOCH_MS) * 1000
+
+
+def _converter(field: Any, conn: Any, binary: bool = False) -> Callable[[Any], Any] | None:
     """How a row value becomes a query parameter for ``field``, exactly as the ORM does it
     (``get_db_prep_save``), or None where that is the identity: skipping the call for plain
     ints and strings matters at tens of thousands of values per second. Time columns carry
@@ -99,7 +109,9 @@ def _converter(field: Any, conn: Any) -> Callable[[Any], Any] | None:
                 "BigIntegerField", "ForeignKey", "BinaryField"):  # fmt: skip
         return None
     if kind == "DateTimeField" and conn.vendor == "postgresql":
-        return ms_dt  # psycopg sends aware datetimes as they are
+        # A binary COPY (_copy) takes the integer of the wire format; psycopg sends aware
+        # datetimes as they are.
+        return pg_micros if binary else ms_dt
     if kind == "DateTimeField" and conn.vendor == "sqlite" and settings.USE_TZ:
         # What Django's adapter makes of an aware UTC datetime, without building one or its
         # per-value time zone checks (a third of the SQLite write time, then a sixth).
@@ -138,9 +150,8 @@ def insert_events(event_model: Any, job_model: Any, using: str, rows: list[tuple
         temp, types = _temp_table(conn, event_model, EVENT_COLUMNS, key_column="job_key")
         names = ", ".join(q(f.column) for f in fields)
         picked = ", ".join("j.id" if f.name == "job" else f"e.{q(f.column)}" for f in fields)
-        prepared = _prepared(conn, fields, rows, key_first=True)
         with conn.cursor() as cursor:
-            _copy(cursor, temp, ["job_key", *(f.column for f in fields[1:])], prepared, types)
+            _copy(cursor, temp, fields, types, rows, key_column="job_key")
             cursor.execute(
                 f"INSERT INTO {q(event_model._meta.db_table)} ({names}) SELECT {picked} "
                 f"FROM {temp} e JOIN {q(job_model._meta.db_table)} j "
@@ -190,9 +201,13 @@ def _sqlite_run(cursor: Any, sql: str, params: list) -> None:
 
 
 def _prepared(
-    conn: Any, fields: Sequence[Any], rows: list[tuple], key_first: bool = False
+    conn: Any,
+    fields: Sequence[Any],
+    rows: list[tuple],
+    key_first: bool = False,
+    binary: bool = False,
 ) -> list[tuple]:
-    convert = [_converter(f, conn) for f in fields]
+    convert = [_converter(f, conn, binary) for f in fields]
     if key_first:  # the first value is a job key (text), not the foreign key it stands for
         convert[0] = None
     # Only the columns that need it are converted: most values are parameters as they are.
@@ -246,24 +261,39 @@ def _temp_table(
 
 
 def _copy(
-    cursor: Any, table: str, columns: Sequence[str], rows: list[tuple], types: Sequence[str]
+    cursor: Any,
+    table: str,
+    fields: Sequence[Any],
+    types: Sequence[str],
+    rows: list[tuple],
+    key_column: str = "",
 ) -> None:
-    """``COPY`` the rows into ``table``, in the binary format when every column's type has
-    a binary dumper (``types``: the columns' PostgreSQL types, as the temporary table has
-    them): psycopg packs times, numbers and bytes as they are instead of formatting their
-    text (a ``bytea`` as hex, twice its size), which took a fifth of the mirror process's
-    CPU off a drain of 90,000 events (0.93 s to 0.74 s, measured)."""
-    q = cursor.db.ops.quote_name
-    names = ", ".join(q(c) for c in columns)
+    """``COPY`` the rows (values of ``fields``, times in epoch ms; with ``key_column`` the
+    first value is a job key) into the temporary ``table`` of ``types``, in the binary
+    format when each type has a binary dumper, which they all have: psycopg packs numbers
+    and bytes as they are instead of formatting text (a ``bytea`` as hex, twice its size),
+    and times go as the integers of their wire format (``pg_micros``). Measured on a drain
+    of 90,000 events (30,000 jobs): the mirror process's CPU went from 1.02 s to 0.72 s."""
+    conn = cursor.db
+    q = conn.ops.quote_name
     registry = cursor.cursor.adapters.types
-    binary = all(registry.get(t.split("(")[0]) is not None for t in types)
-    statement = f"COPY {table} ({names}) FROM STDIN" + (" (FORMAT BINARY)" if binary else "")
+    bare = [t.split("(")[0] for t in types]
+    binary = all(registry.get(t) is not None for t in bare)
+    prepared = _prepared(conn, fields, rows, key_first=bool(key_column), binary=binary)
+    names = [key_column if key_column and f.is_relation else f.column for f in fields]
+    statement = f"COPY {table} ({', '.join(q(n) for n in names)}) FROM STDIN"
     # Through Django's error wrapper, so a value the server refuses is a ``DataError`` like
     # any other statement's (the mirror sets that job aside), not a driver exception.
-    with cursor.db.wrap_database_errors, cursor.cursor.copy(statement) as copy:
-        if binary:
-            copy.set_types([t.split("(")[0] for t in types])
-        for row in rows:
+    with (
+        conn.wrap_database_errors,
+        cursor.cursor.copy(statement + (" (FORMAT BINARY)" if binary else "")) as copy,
+    ):
+        if binary:  # a time column takes the 8-byte integer pg_micros made of it
+            copy.set_types([
+                "int8" if f.get_internal_type() == "DateTimeField" else t
+                for f, t in zip(fields, bare, strict=True)
+            ])  # fmt: skip
+        for row in prepared:
             copy.write_row(row)
 
 
@@ -276,7 +306,7 @@ def _copy_upsert(model: Any, using: str, columns: Sequence[str], rows: list[tupl
     temp, types = _temp_table(conn, model, columns)
     names = ", ".join(q(f.column) for f in fields)
     with conn.cursor() as cursor:
-        _copy(cursor, temp, [f.column for f in fields], _prepared(conn, fields, rows), types)
+        _copy(cursor, temp, fields, types, rows)
         # ORDER BY seq: new rows get primary keys in the order given (creation order).
         cursor.execute(
             f"INSERT INTO {q(model._meta.db_table)} ({names}) SELECT {names} FROM {temp} "
