@@ -210,20 +210,21 @@ def _prepared(
     convert = [_converter(f, conn, binary) for f in fields]
     if key_first:  # the first value is a job key (text), not the foreign key it stands for
         convert[0] = None
+    width = len(fields)
+    if any(len(row) != width for row in rows):
+        bad = next(row for row in rows if len(row) != width)
+        raise ValueError(f"a row of {len(bad)} values for {width} columns")
     # Only the columns that need it are converted: most values are parameters as they are.
     steps = [(i, c) for i, c in enumerate(convert) if c is not None]
-    width = len(fields)
-    out = []
-    for row in rows:
-        if len(row) != width:
-            raise ValueError(f"a row of {len(row)} values for {width} columns")
-        if steps:
-            values = list(row)
-            for i, c in steps:
-                values[i] = c(values[i])
-            row = tuple(values)
-        out.append(row)
-    return out
+    if not steps or not rows:
+        return rows
+    # Column by column (zip and map loop in C): rebuilding each row as a list and a tuple
+    # in Python was a third of the mirror process's time spent on rows. NULL stays NULL
+    # without a call (each converter makes None of None).
+    columns = list(zip(*rows, strict=True))
+    for i, c in steps:
+        columns[i] = tuple(None if v is None else c(v) for v in columns[i])
+    return list(zip(*columns, strict=True))
 
 
 #: Temporary columns wider than their table's: a binary ``COPY`` of a Python int into a 4-byte
