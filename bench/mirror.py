@@ -57,12 +57,19 @@ def child() -> None:
     def timed(block: float | None = None) -> int:
         # Time spent on batches that had events: the mirror's capacity, whatever it waited.
         start = time.perf_counter()
+        waited = not n_last[0] and bool(block)  # a blocking read: it may wait for events
         n = run_once(block=0.0 if n_last[0] else block)
         if n:
-            busy["seconds"] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            if waited:  # its wait for the first events is not work (up to ``block``, 1 s):
+                # the read's time goes to idle_read, its few entries' decoding with it
+                wait = call.pop("stream_read", 0.0)
+                phases["idle_read"] += wait
+                seconds -= wait
+            busy["seconds"] += seconds
             busy["events"] += n
-            for name, seconds in call.items():
-                phases[name] += seconds
+            for name, spent in call.items():
+                phases[name] += spent
         else:  # a read that found nothing (it may have waited up to ``block``): not work
             phases["idle_read"] += sum(call.values())
         call.clear()
