@@ -51,16 +51,23 @@ def child() -> None:
 
     mirror = Mirror(queues=[QUEUE], consumer="bench-mirror")
     mirror.lag.keep = 10_000_000
+    cpu = {"mirror": 0.0, "database": 0.0}  # CPU seconds of this process and of its server
+    backend = database_backend(mirror.using)
     busy = {"seconds": 0.0, "events": 0}
     run_once = mirror.run_once
 
     def timed(block: float | None = None) -> int:
         # Time spent on batches that had events: the mirror's capacity, whatever it waited.
         start = time.perf_counter()
+        cpu_start = time.process_time()
+        backend_start = backend_cpu(backend) if backend else 0.0
         waited = not n_last[0] and bool(block)  # a blocking read: it may wait for events
         n = run_once(block=0.0 if n_last[0] else block)
         if n:
             seconds = time.perf_counter() - start
+            cpu["mirror"] += time.process_time() - cpu_start
+            if backend:  # the PostgreSQL backend process of this connection, same machine
+                cpu["database"] += backend_cpu(backend) - backend_start
             if waited:  # its wait for the first events is not work (up to ``block``, 1 s):
                 # the read's time goes to idle_read, its few entries' decoding with it
                 wait = call.pop("stream_read", 0.0)
@@ -131,11 +138,35 @@ def child() -> None:
         "mean": statistics.fmean(samples) if samples else None,
         "busy_events": busy["events"], "busy_seconds": round(busy["seconds"], 2),
         "job_writes": jobs["written"],
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "resyncs": mirror.resyncs,
         # "write" includes the records read inside it: the SQL side is write - records_read.
         "phases_s": {**{k: round(v, 2) for k, v in phases.items()},
                      "sql_and_rows": round(phases["write"] - phases["records_read"], 2)},
     }))  # fmt: skip
+
+
+def database_backend(using: str) -> int | None:
+    """The pid of the PostgreSQL backend serving this process's connection, when it runs on
+    this machine (its CPU time is then readable in /proc), else None."""
+    from django.db import connections
+
+    conn = connections[using]
+    if conn.vendor != "postgresql" or conn.settings_dict["HOST"] not in ("127.0.0.1", "localhost"):
+        return None
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def prepare_database(env: dict[str, str], db: str) -> None:
@@ -315,6 +346,10 @@ def main() -> None:
             if mirror_jobs and worker_rate
             else None,
             "mirror_phases_s": lag["phases_s"],
+            # CPU seconds over the busy batches: the mirror process, and its PostgreSQL
+            # backend (where the statements run; null on SQLite, which runs in the process).
+            "mirror_cpu_s": lag["cpu_s"]["mirror"],
+            "database_cpu_s": lag["cpu_s"]["database"] if args.db == "postgres" else None,
             # Above 1: the mirror writes events faster than this worker makes them.
             "mirror_over_worker": round(mirror_rate / (worker_rate * 3), 2)
             if mirror_rate and worker_rate
