@@ -175,8 +175,8 @@ def _copy_events(event_model: Any, job_model: Any, using: str, rows: list[tuple]
     redelivered event: the unique index refuses the copy, where ``ON CONFLICT`` skips it).
 
     Why: the temporary table, its join and its sort cost PostgreSQL more than the copy they
-    feed (measured on 30,000 job rows: 11 µs of backend CPU an event that way, the foreign-key
-    check at commit included, 8 µs this way with the key lookup)."""
+    feed (measured on 30,000 job rows, batches of 8,000 events: 8 µs of backend CPU an event
+    that way, 5.8 µs this way, the key lookup and the savepoint included)."""
     conn = connections[using]
     q = conn.ops.quote_name
     keys: dict[tuple[str, str], int] = {}
