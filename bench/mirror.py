@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +51,35 @@ def child() -> None:
 
     mirror = Mirror(queues=[QUEUE], consumer="bench-mirror")
     mirror.lag.keep = 10_000_000
+    cpu = {"mirror": 0.0, "database": 0.0}  # CPU seconds of this process and of its server
+    backend = database_backend(mirror.using)
     busy = {"seconds": 0.0, "events": 0}
     run_once = mirror.run_once
 
     def timed(block: float | None = None) -> int:
         # Time spent on batches that had events: the mirror's capacity, whatever it waited.
         start = time.perf_counter()
+        cpu_start = time.process_time()
+        backend_start = backend_cpu(backend) if backend else 0.0
+        waited = not n_last[0] and bool(block)  # a blocking read: it may wait for events
         n = run_once(block=0.0 if n_last[0] else block)
         if n:
-            busy["seconds"] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            cpu["mirror"] += time.process_time() - cpu_start
+            if backend:  # the PostgreSQL backend process of this connection, same machine
+                cpu["database"] += backend_cpu(backend) - backend_start
+            if waited:  # its wait for the first events is not work (up to ``block``, 1 s):
+                # the read's time goes to idle_read, its few entries' decoding with it
+                wait = call.pop("stream_read", 0.0)
+                phases["idle_read"] += wait
+                seconds -= wait
+            busy["seconds"] += seconds
             busy["events"] += n
+            for name, spent in call.items():
+                phases[name] += spent
+        else:  # a read that found nothing (it may have waited up to ``block``): not work
+            phases["idle_read"] += sum(call.values())
+        call.clear()
         n_last[0] = n
         return n
 
@@ -75,8 +95,11 @@ def child() -> None:
 
     mirror._apply = counted  # type: ignore[method-assign]
     # Where the busy time goes: reading and decoding the stream, reading and decoding the
-    # records, and the rest of the writes (building rows, SQL, commits).
-    phases = {"stream_read": 0.0, "records_read": 0.0, "write": 0.0}
+    # records, and the rest of the writes (building rows, SQL, commits). Counted for the
+    # batches that had events only (as the busy time): the reads that found nothing, the
+    # mirror waiting up to ``block`` for the run to start or after it drained, are apart.
+    phases = dict.fromkeys(("stream_read", "records_read", "write", "ack_trim", "idle_read"), 0.0)
+    call: dict[str, float] = defaultdict(float)  # the phases of the run_once under way
 
     def timed_phase(name: str, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -84,7 +107,7 @@ def child() -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                phases[name] += time.perf_counter() - start
+                call[name] += time.perf_counter() - start
 
         return wrapper
 
@@ -92,6 +115,8 @@ def child() -> None:
     storage.read_group = timed_phase("stream_read", storage.read_group)
     storage.get_records = timed_phase("records_read", storage.get_records)
     mirror._write_jobs = timed_phase("write", mirror._write_jobs)  # type: ignore[method-assign]
+    storage.ack_events = timed_phase("ack_trim", storage.ack_events)
+    storage.trim_read_events = timed_phase("ack_trim", storage.trim_read_events)
     signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
     profile = os.environ.get("JOBQ_BENCH_MIRROR_PROFILE")
     if profile:  # --profile: where the mirror process spends its time (cProfile stats)
@@ -113,11 +138,35 @@ def child() -> None:
         "mean": statistics.fmean(samples) if samples else None,
         "busy_events": busy["events"], "busy_seconds": round(busy["seconds"], 2),
         "job_writes": jobs["written"],
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "resyncs": mirror.resyncs,
         # "write" includes the records read inside it: the SQL side is write - records_read.
         "phases_s": {**{k: round(v, 2) for k, v in phases.items()},
                      "sql_and_rows": round(phases["write"] - phases["records_read"], 2)},
     }))  # fmt: skip
+
+
+def database_backend(using: str) -> int | None:
+    """The pid of the PostgreSQL backend serving this process's connection, when it runs on
+    this machine (its CPU time is then readable in /proc), else None."""
+    from django.db import connections
+
+    conn = connections[using]
+    if conn.vendor != "postgresql" or conn.settings_dict["HOST"] not in ("127.0.0.1", "localhost"):
+        return None
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def prepare_database(env: dict[str, str], db: str) -> None:
@@ -297,6 +346,10 @@ def main() -> None:
             if mirror_jobs and worker_rate
             else None,
             "mirror_phases_s": lag["phases_s"],
+            # CPU seconds over the busy batches: the mirror process, and its PostgreSQL
+            # backend (where the statements run; null on SQLite, which runs in the process).
+            "mirror_cpu_s": lag["cpu_s"]["mirror"],
+            "database_cpu_s": lag["cpu_s"]["database"] if args.db == "postgres" else None,
             # Above 1: the mirror writes events faster than this worker makes them.
             "mirror_over_worker": round(mirror_rate / (worker_rate * 3), 2)
             if mirror_rate and worker_rate

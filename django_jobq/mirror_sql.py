@@ -26,7 +26,7 @@ from itertools import chain
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from .job import JobRecord, decode_progress
 
@@ -89,7 +89,17 @@ def job_row(queue: str, handler: str, r: JobRecord) -> tuple:
     )  # fmt: skip
 
 
-def _converter(field: Any, conn: Any) -> Callable[[Any], Any] | None:
+_PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 UTC in Unix ms: PostgreSQL's epoch for times
+
+
+def pg_micros(ms: int | None) -> int | None:
+    """A time in the binary ``COPY`` format of ``timestamptz`` (PostgreSQL's wire format:
+    microseconds since 2000-01-01 UTC, 8 bytes): the value ``ms_dt(ms)`` stands for, in
+    integers only, without building a datetime (a sixth of the mirror process's time)."""
+    return None if ms is None else (ms - _PG_EPOCH_MS) * 1000
+
+
+def _converter(field: Any, conn: Any, binary: bool = False) -> Callable[[Any], Any] | None:
     """How a row value becomes a query parameter for ``field``, exactly as the ORM does it
     (``get_db_prep_save``), or None where that is the identity: skipping the call for plain
     ints and strings matters at tens of thousands of values per second. Time columns carry
@@ -99,7 +109,9 @@ def _converter(field: Any, conn: Any) -> Callable[[Any], Any] | None:
                 "BigIntegerField", "ForeignKey", "BinaryField"):  # fmt: skip
         return None
     if kind == "DateTimeField" and conn.vendor == "postgresql":
-        return ms_dt  # psycopg sends aware datetimes as they are
+        # A binary COPY (_copy) takes the integer of the wire format; psycopg sends aware
+        # datetimes as they are.
+        return pg_micros if binary else ms_dt
     if kind == "DateTimeField" and conn.vendor == "sqlite" and settings.USE_TZ:
         # What Django's adapter makes of an aware UTC datetime, without building one or its
         # per-value time zone checks (a third of the SQLite write time, then a sixth).
@@ -126,29 +138,70 @@ def insert_events(event_model: Any, job_model: Any, using: str, rows: list[tuple
     given order, each linked to its job's row; an event whose job has no row is skipped,
     and a redelivered one (same queue and stream id) is ignored by the unique index.
 
-    PostgreSQL: one ``COPY`` into a temporary table and one ``INSERT … SELECT`` joined to the
-    job rows, so the job keys never travel back to Python. SQLite: multi-row ``INSERT …
-    SELECT … FROM (VALUES …) JOIN`` on the job rows, to the same end."""
+    PostgreSQL: the job keys are looked up (one ``SELECT``), and the rows copied into the
+    event table itself (``_copy_events``); a redelivered row makes that copy fail, and the
+    rows go the way that skips it: one ``COPY`` into a temporary table and one ``INSERT …
+    SELECT`` joined to the job rows, ``ON CONFLICT DO NOTHING``. SQLite: multi-row ``INSERT
+    … SELECT … FROM (VALUES …) JOIN`` on the job rows, so the job keys never travel back to
+    Python."""
     if not rows:
         return
     conn = connections[using]
     q = conn.ops.quote_name
     if conn.vendor == "postgresql":
+        if _copy_events(event_model, job_model, using, rows):
+            return
         fields = [event_model._meta.get_field(c) for c in EVENT_COLUMNS]
-        temp = _temp_table(conn, event_model, EVENT_COLUMNS, key_column="job_key")
+        temp, types = _temp_table(conn, event_model, EVENT_COLUMNS, key_column="job_key")
         names = ", ".join(q(f.column) for f in fields)
         picked = ", ".join("j.id" if f.name == "job" else f"e.{q(f.column)}" for f in fields)
-        prepared = _prepared(conn, fields, rows, key_first=True)
         with conn.cursor() as cursor:
-            _copy(cursor, temp, ["job_key", *(f.column for f in fields[1:])], prepared)
+            _copy(cursor, temp, fields, types, rows, key_column="job_key")
             cursor.execute(
                 f"INSERT INTO {q(event_model._meta.db_table)} ({names}) SELECT {picked} "
                 f"FROM {temp} e JOIN {q(job_model._meta.db_table)} j "
                 "ON j.queue = e.queue AND j.job_id = e.job_key ORDER BY e.seq "
                 "ON CONFLICT DO NOTHING"
             )
+            cursor.execute(f"TRUNCATE {temp}")  # see _temp_table
         return
     _sqlite_insert_events(event_model, job_model, using, rows)
+
+
+def _copy_events(event_model: Any, job_model: Any, using: str, rows: list[tuple]) -> bool:
+    """PostgreSQL: ``COPY`` the event rows straight into their table, each with its job's
+    key (looked up here; an event whose job has no row is left out, as the join leaves it),
+    inside a savepoint. False, with nothing written, when a row is there already (a
+    redelivered event: the unique index refuses the copy, where ``ON CONFLICT`` skips it).
+
+    Why: the temporary table, its join and its sort cost PostgreSQL more than the copy they
+    feed (measured on 30,000 job rows, batches of 8,000 events: 8 µs of backend CPU an event
+    that way, 5.8 µs this way, the key lookup and the savepoint included)."""
+    conn = connections[using]
+    q = conn.ops.quote_name
+    keys: dict[tuple[str, str], int] = {}
+    wanted: dict[str, set[str]] = {}
+    for row in rows:
+        wanted.setdefault(row[1], set()).add(row[0])
+    with conn.cursor() as cursor:
+        for queue, job_ids in wanted.items():
+            cursor.execute(
+                f"SELECT job_id, id FROM {q(job_model._meta.db_table)} "
+                "WHERE queue = %s AND job_id = ANY(%s)",
+                [queue, list(job_ids)],
+            )
+            keys.update(((queue, job_id), pk) for job_id, pk in cursor.fetchall())
+    known = [(key, *row[1:]) for row in rows if (key := keys.get((row[1], row[0]))) is not None]
+    if not known:
+        return True
+    fields = [event_model._meta.get_field(c) for c in EVENT_COLUMNS]
+    try:
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            types = [f.db_type(conn) for f in fields]
+            _copy(cursor, q(event_model._meta.db_table), fields, types, known)
+    except IntegrityError:  # a redelivered event: rolled back to the savepoint
+        return False
+    return True
 
 
 def _sqlite_insert_events(event_model: Any, job_model: Any, using: str, rows: list[tuple]):
@@ -189,51 +242,100 @@ def _sqlite_run(cursor: Any, sql: str, params: list) -> None:
 
 
 def _prepared(
-    conn: Any, fields: Sequence[Any], rows: list[tuple], key_first: bool = False
+    conn: Any,
+    fields: Sequence[Any],
+    rows: list[tuple],
+    key_first: bool = False,
+    binary: bool = False,
 ) -> list[tuple]:
-    convert = [_converter(f, conn) for f in fields]
+    convert = [_converter(f, conn, binary) for f in fields]
     if key_first:  # the first value is a job key (text), not the foreign key it stands for
         convert[0] = None
+    width = len(fields)
+    if any(len(row) != width for row in rows):
+        bad = next(row for row in rows if len(row) != width)
+        raise ValueError(f"a row of {len(bad)} values for {width} columns")
     # Only the columns that need it are converted: most values are parameters as they are.
     steps = [(i, c) for i, c in enumerate(convert) if c is not None]
-    width = len(fields)
-    out = []
-    for row in rows:
-        if len(row) != width:
-            raise ValueError(f"a row of {len(row)} values for {width} columns")
-        if steps:
-            values = list(row)
-            for i, c in steps:
-                values[i] = c(values[i])
-            row = tuple(values)
-        out.append(row)
-    return out
+    if not steps or not rows:
+        return rows
+    # Column by column (zip and map loop in C): rebuilding each row as a list and a tuple
+    # in Python was a third of the mirror process's time spent on rows. NULL stays NULL
+    # without a call (each converter makes None of None).
+    columns = list(zip(*rows, strict=True))
+    for i, c in steps:
+        columns[i] = tuple(None if v is None else c(v) for v in columns[i])
+    return list(zip(*columns, strict=True))
 
 
-def _temp_table(conn: Any, model: Any, columns: Sequence[str], key_column: str = "") -> str:
+#: Temporary columns wider than their table's: a binary ``COPY`` of a Python int into a 4-byte
+#: column wraps it silently (2**32 + 5 arrives as 5), where a text ``COPY`` refuses it; copied
+#: as 8 bytes, the ``INSERT … SELECT`` into the table still refuses what does not fit.
+_WIDER = {"integer": "bigint", "smallint": "bigint"}
+
+
+def _temp_table(
+    conn: Any, model: Any, columns: Sequence[str], key_column: str = ""
+) -> tuple[str, list[str]]:
     """A temporary table shaped like ``columns`` of ``model`` (plus an ordinal ``seq``),
-    emptied at every commit. Created inside the transaction that uses it, so a new
-    connection (or a pooler handing out another one) always has it."""
+    emptied at every commit, and the types of its columns (for ``_copy``). Created inside
+    the transaction that uses it, so a new connection (or a pooler handing out another one)
+    always has it.
+
+    Its user empties it again (``TRUNCATE``) as soon as its statement has read it: a
+    transaction that writes the rows of several queues would otherwise read every earlier
+    queue's rows again with each later one, rewriting them to the same values."""
     q = conn.ops.quote_name
-    name = q(f"jobq_mirror_{model._meta.model_name}")
+    # "_b": integer columns are bigint since the copy is binary (_WIDER); a session that
+    # kept the older table under the older name never meets rows of the new shape.
+    name = q(f"jobq_mirror_{model._meta.model_name}_b")
     fields = [model._meta.get_field(c) for c in columns]
-    defs = [f"{q(key_column)} text" if key_column and f.is_relation else
-            f"{q(f.column)} {f.db_type(conn)}" for f in fields]  # fmt: skip
+    types = ["text" if key_column and f.is_relation else f.db_type(conn) for f in fields]
+    types = [_WIDER.get(t, t) for t in types]
+    names = [key_column if key_column and f.is_relation else f.column for f in fields]
+    defs = ", ".join(f"{q(n)} {t}" for n, t in zip(names, types, strict=True))
     with conn.cursor() as cursor:
         cursor.execute(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS {name} ({', '.join(defs)}, "
-            "seq bigserial) ON COMMIT DELETE ROWS"
+            f"CREATE TEMPORARY TABLE IF NOT EXISTS {name} ({defs}, seq bigserial) "
+            "ON COMMIT DELETE ROWS"
         )
-    return name
+    return name, types
 
 
-def _copy(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
-    q = cursor.db.ops.quote_name
-    statement = f"COPY {table} ({', '.join(q(c) for c in columns)}) FROM STDIN"
+def _copy(
+    cursor: Any,
+    table: str,
+    fields: Sequence[Any],
+    types: Sequence[str],
+    rows: list[tuple],
+    key_column: str = "",
+) -> None:
+    """``COPY`` the rows (values of ``fields``, times in epoch ms; with ``key_column`` the
+    first value is a job key) into the temporary ``table`` of ``types``, in the binary
+    format when each type has a binary dumper, which they all have: psycopg packs numbers
+    and bytes as they are instead of formatting text (a ``bytea`` as hex, twice its size),
+    and times go as the integers of their wire format (``pg_micros``). Measured on a drain
+    of 90,000 events (30,000 jobs): the mirror process's CPU went from 1.02 s to 0.72 s."""
+    conn = cursor.db
+    q = conn.ops.quote_name
+    registry = cursor.cursor.adapters.types
+    bare = [t.split("(")[0] for t in types]
+    binary = all(registry.get(t) is not None for t in bare)
+    prepared = _prepared(conn, fields, rows, key_first=bool(key_column), binary=binary)
+    names = [key_column if key_column and f.is_relation else f.column for f in fields]
+    statement = f"COPY {table} ({', '.join(q(n) for n in names)}) FROM STDIN"
     # Through Django's error wrapper, so a value the server refuses is a ``DataError`` like
     # any other statement's (the mirror sets that job aside), not a driver exception.
-    with cursor.db.wrap_database_errors, cursor.cursor.copy(statement) as copy:
-        for row in rows:
+    with (
+        conn.wrap_database_errors,
+        cursor.cursor.copy(statement + (" (FORMAT BINARY)" if binary else "")) as copy,
+    ):
+        if binary:  # a time column takes the 8-byte integer pg_micros made of it
+            copy.set_types([
+                "int8" if f.get_internal_type() == "DateTimeField" else t
+                for f, t in zip(fields, bare, strict=True)
+            ])  # fmt: skip
+        for row in prepared:
             copy.write_row(row)
 
 
@@ -243,15 +345,16 @@ def _copy_upsert(model: Any, using: str, columns: Sequence[str], rows: list[tupl
     conn = connections[using]
     q = conn.ops.quote_name
     fields = [model._meta.get_field(c) for c in columns]
-    temp = _temp_table(conn, model, columns)
+    temp, types = _temp_table(conn, model, columns)
     names = ", ".join(q(f.column) for f in fields)
     with conn.cursor() as cursor:
-        _copy(cursor, temp, [f.column for f in fields], _prepared(conn, fields, rows))
+        _copy(cursor, temp, fields, types, rows)
         # ORDER BY seq: new rows get primary keys in the order given (creation order).
         cursor.execute(
             f"INSERT INTO {q(model._meta.db_table)} ({names}) SELECT {names} FROM {temp} "
             f"ORDER BY seq {tail}"
         )
+        cursor.execute(f"TRUNCATE {temp}")  # see _temp_table
 
 
 def execute_many(

@@ -132,6 +132,42 @@ def test_crash_before_ack_redelivers_and_writes_once(redis_storage, alias, monke
     assert pending["pending"] == 0
 
 
+def test_a_read_mixing_redelivered_and_new_events_writes_each_once_in_order(
+    redis_storage, mirror, alias
+):
+    """PostgreSQL copies event rows straight into their table and falls back to the insert
+    that skips duplicates when a redelivered one is among them: both halves of such a read
+    must land, once each, in stream order."""
+    mirror.queues()
+    enqueue(redis_storage, "a")
+    run_one(redis_storage)
+    mirror.drain()
+    # The group forgets what it read (as after a restored Redis): everything comes again,
+    # followed by events written since.
+    redis_storage.client.xgroup_setid(redis_storage.keys(Q).events, "jobq-mirror", "0")
+    enqueue(redis_storage, "b")
+    mirror.drain()
+    events = JobEvent.objects.using(alias).filter(queue=Q).order_by("id")
+    assert [(e.job.job_id, e.kind) for e in events] == [
+        ("a", "queued"), ("a", "active"), ("a", "completed"), ("b", "queued"),
+    ]  # fmt: skip
+    assert len({e.stream_id for e in events}) == 4
+
+
+def test_events_of_a_job_without_a_row_are_left_out(redis_storage, mirror, alias):
+    mirror.queues()
+    enqueue(redis_storage, "a")
+    # An entry naming a job that has neither a record nor a row: nothing to attach it to.
+    redis_storage.client.xadd(
+        redis_storage.keys(Q).events, {"job": "ghost", "kind": "progress", "at": "1"}
+    )
+    enqueue(redis_storage, "b")
+    mirror.drain()
+    kinds = list(JobEvent.objects.using(alias).filter(queue=Q).order_by("id")
+                 .values_list("job__job_id", "kind"))  # fmt: skip
+    assert kinds == [("a", "queued"), ("b", "queued")]
+
+
 def test_events_of_a_dead_mirror_are_taken_over(redis_storage, alias, monkeypatch):
     dead = Mirror(redis_storage, queues=[Q], using=alias, consumer="dead")
     dead.queues()

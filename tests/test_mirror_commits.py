@@ -4,6 +4,8 @@ acknowledged before a durable commit or flush followed it."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.db import connections, transaction
 
@@ -80,3 +82,37 @@ def test_a_read_of_several_transactions_is_written_whole_before_it_is_acknowledg
     assert Job.objects.using(db_alias).filter(queue=Q).count() == 7
     assert JobEvent.objects.using(db_alias).filter(queue=Q).count() == 7
     assert not mirror._unsynced  # the read's last commit was durable
+
+
+@pytest.mark.parametrize("ms", [
+    0, 1, 999, 946_684_799_999, 946_684_800_000, 946_684_800_001,  # around PostgreSQL's epoch
+    1_732_590_000_123, 1_732_590_000_999, 4_102_444_800_000,
+    253_402_300_799_999,  # 9999-12-31 23:59:59.999, the last time Python has
+])  # fmt: skip
+def test_times_are_stored_as_the_orm_would_store_them(db_alias, ms):
+    """The mirror writes times from their epoch milliseconds (PostgreSQL: the integer of the
+    binary wire format, ``pg_micros``; SQLite: the adapter's text): every value must be that
+    millisecond exactly, on both sides of 2000; it is the aware datetime ``ms_dt`` makes of
+    it wherever a float holds the microseconds (until 2255: past that ``ms_dt``'s division
+    is a few microseconds off, and both databases keep the exact time)."""
+    from django_jobq.mirror_sql import JOB_COLUMNS, insert_events, ms_dt, upsert_jobs
+
+    values = dict.fromkeys(JOB_COLUMNS)
+    values.update(
+        queue="times", job_id=str(ms), state="completed", handler="h", payload=b"{}",
+        content_type="json", attempts=1, max_attempts=1, stalls=0, max_stalls=1, priority=0,
+        result_ttl=0, run_at=ms, created_at=ms, started_at=ms, finished_at=ms, expires_at=ms,
+        worker="", min_backoff=0, max_backoff=0, token=0, waiters=0,
+    )  # fmt: skip
+    with transaction.atomic(using=db_alias):
+        upsert_jobs(Job, db_alias, [tuple(values[c] for c in JOB_COLUMNS)])
+        insert_events(
+            JobEvent, Job, db_alias, [(str(ms), "times", "completed", ms, "", None, "1-0")]
+        )
+    row = Job.objects.using(db_alias).get(queue="times", job_id=str(ms))
+    expected = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    if ms * 1000 < 2**53:
+        assert expected == ms_dt(ms)
+    assert row.created_at == row.run_at == row.started_at == expected
+    assert row.finished_at == row.expires_at == expected
+    assert JobEvent.objects.using(db_alias).get(job=row).at == expected

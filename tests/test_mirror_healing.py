@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from django_jobq.job import JobOptions, NewJob
 from django_jobq.mirror import GROUP, Mirror
 from django_jobq.mirror_check import check, lag
-from django_jobq.models import Job, MirrorReject
+from django_jobq.models import Job, JobEvent, MirrorReject
 from django_jobq.storage.redis.storage import RedisStorage
 
 pytestmark = pytest.mark.redis
@@ -63,6 +63,43 @@ def test_a_job_the_database_refuses_is_set_aside_and_the_others_are_mirrored(
     enqueue(storage, "d")  # later batches keep flowing
     mirror.drain()
     assert rows(db_alias)["d"] == "queued"
+
+
+@pytest.mark.parametrize(("field", "column", "value"), [
+    ("attempts", "attempts", 2**32 + 5),  # a 4-byte column: a binary copy would keep 5
+    ("result_ttl", "result_ttl", 2**63),  # past even 8 bytes
+])  # fmt: skip
+def test_a_number_too_big_for_its_column_is_refused_never_stored_wrapped(
+    storage, mirror, db_alias, field, column, value
+):
+    enqueue(storage, "a", "big")
+    storage.client.hset(storage.keys(Q).job("big"), field, str(value))
+    mirror.drain()
+    assert rows(db_alias)["a"] == "queued"
+    big = Job.objects.using(db_alias).filter(queue=Q, job_id="big")
+    stored = list(big.values_list(column, flat=True))
+    # Refused (set aside), or kept exactly where the column holds it (SQLite's integers are
+    # 8 bytes): never another number.
+    assert stored in ([], [value])
+    if not stored:
+        assert MirrorReject.objects.using(db_alias).filter(queue=Q, job_id="big").exists()
+    assert storage.group_backlog(Q, GROUP) == (0, None)
+
+
+def test_rows_of_several_queues_in_one_transaction_are_each_written_once(
+    redis_client, redis_prefix, db_alias
+):
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    other = f"{Q}-2"
+    mirror = Mirror(storage, queues=[Q, other], using=db_alias, consumer="m1")
+    mirror.queues()
+    enqueue(storage, "a", "b")
+    storage.enqueue_many(other, [NewJob(i, b"{}", JobOptions()) for i in ("c", "d")])
+    mirror.drain()
+    got = dict(Job.objects.using(db_alias).filter(queue__in=[Q, other])
+               .values_list("job_id", "queue"))  # fmt: skip
+    assert got == {"a": Q, "b": Q, "c": other, "d": other}
+    assert JobEvent.objects.using(db_alias).filter(queue__in=[Q, other]).count() == 4
 
 
 def test_malformed_stream_entries_do_not_stop_the_mirror(storage, mirror, db_alias):
