@@ -27,8 +27,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from .job import FinalOutcome, JobRecord, NewJob, StoredEnqueue
-from .states import JobState
+from .job import FinalOutcome, JobRecord, NewJob, StoredEnqueue, final_outcome
 from .storage.base import Storage
 
 # The async clients, per event loop (weak: a closed loop's clients go with it), then per storage.
@@ -162,10 +161,7 @@ async def wait_for_outcome(
     if message:
         return outcome(message)
     # A reply list that expired before it was read: the record has the final word.
-    record = await get_record(storage, queue, job_id)
-    if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
-        return FinalOutcome(record.state, record.result, record.error)
-    return None
+    return final_outcome(await get_record(storage, queue, job_id))
 
 
 async def in_thread[T](func: Callable[..., T], *args: Any) -> T:

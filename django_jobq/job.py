@@ -301,6 +301,17 @@ class FinalOutcome:
     error: bytes | None = None
 
 
+def final_outcome(record: Any) -> FinalOutcome | None:
+    """What a record tells a waiter once its job has finished; None while it has not. The one
+    reading of "the record has the final word" for the waits whose reply never came (a wait
+    that gave up, an expired reply list, a result read before waiting)."""
+    from .states import TERMINAL_STATES
+
+    if record is None or record.state not in TERMINAL_STATES:
+        return None
+    return FinalOutcome(record.state, record.result, record.error)
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """One entry of a queue's event stream."""

@@ -38,6 +38,7 @@ from ..job import (
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
+    final_outcome,
 )
 from ..states import TERMINAL_STATES, JobState
 from .base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
@@ -847,8 +848,8 @@ class MemoryStorage(Storage):
             while True:
                 if rec is None:
                     rec = self._peek(queue).jobs.get(job_id)
-                if rec is not None and rec.state in TERMINAL_STATES:
-                    return FinalOutcome(rec.state, rec.result, rec.error)
+                if (finished := final_outcome(rec)) is not None:
+                    return finished
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None

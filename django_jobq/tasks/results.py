@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import JobFailed, JobNotFound, Timeout
-from ..job import EnqueueOutcome, EnqueueResult, FinalOutcome, JobRecord, JobStatus, decode_error
+from ..job import (
+    EnqueueOutcome,
+    EnqueueResult,
+    FinalOutcome,
+    JobRecord,
+    JobStatus,
+    decode_error,
+    final_outcome,
+)
 from ..states import TERMINAL_STATES, JobState
 from ..validation import validate_seconds
 
@@ -198,9 +206,8 @@ class CanvasResult:
     def _outcome(self, member: Member, deadline: float) -> FinalOutcome | None:
         storage, where = self._home(member)
         record = storage.get_record(where, member.job_id)
-        record = _require(record, member)
-        if record.state in TERMINAL_STATES:
-            return FinalOutcome(record.state, record.result, record.error)
+        if (finished := final_outcome(_require(record, member))) is not None:
+            return finished
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
@@ -215,9 +222,8 @@ class CanvasResult:
         else:
             storage, where = queue.storage, queue.name
         record = await aio.get_record(storage, where, member.job_id)
-        record = _require(record, member)
-        if record.state in TERMINAL_STATES:
-            return FinalOutcome(record.state, record.result, record.error)
+        if (finished := final_outcome(_require(record, member))) is not None:
+            return finished
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None

@@ -29,6 +29,7 @@ from ...job import (
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
+    final_outcome,
 )
 from ...states import TERMINAL_STATES, JobState
 from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
@@ -931,10 +932,7 @@ class RedisStorage(Storage):
         if message:
             return roundtrip.outcome(message)
         # The record has the final word (a reply list that expired before it was read).
-        record = self.get_record(queue, job_id)
-        if record and record.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
-            return FinalOutcome(record.state, record.result, record.error)
-        return None
+        return final_outcome(self.get_record(queue, job_id))
 
     def enqueue_and_wait(
         self, queue: str, job: NewJob, timeout: float
