@@ -84,6 +84,7 @@ REJECT_ERROR_CHARS = 2000
 READ_AHEAD = 8  # a mirror that is behind reads up to this many batches at once
 CLAIM_COUNT = 1000  # entries claimed from a dead consumer per XAUTOCLAIM (its default count)
 TRIM_INTERVAL = 1.0  # seconds between trims of one queue's stream to what was acknowledged
+PROGRESS_EVERY = 30.0  # seconds between progress lines of a long resync
 FINAL_ROWS_KEPT = 200_000  # jobs remembered as written final (FinalRows: ~25 MB at most, measured)
 #: Kinds an event at the very millisecond a job finished may have and still be covered by its
 #: final row (the claim and the finish of a fast job can share a millisecond; an enqueue or a
@@ -379,12 +380,17 @@ class Mirror:
                     failures = 0
                 except Exception as exc:  # Redis or database blip: the group keeps our place
                     failures += 1
-                    logger.warning("mirror batch failed (%s); retrying", exc)
+                    logger.warning(
+                        "mirror batch failed (%s: %s); retrying", type(exc).__name__, exc
+                    )
                     self._queues_checked = 0.0
                     # Re-join every queue: a flushed or obliterated stream (and group) is
                     # gone, and reading it would fail every batch of every queue.
                     self._queues = []
-                    connections[self.using].close_if_unusable_or_obsolete()
+                    try:
+                        connections[self.using].close_if_unusable_or_obsolete()
+                    except Exception as close_exc:  # the thread must outlive a bad connection
+                        logger.warning("mirror connection not reset (%s)", close_exc)
                     self._stop.wait(min(5.0, 0.1 * 2**failures))
         finally:
             connections.close_all()
@@ -595,8 +601,13 @@ class Mirror:
                 if now is not None and mirror_sample.differs(have.get(job_id), now[:3]):
                     stale.append((now[3], job_id))
         ordered = [job_id for _, job_id in sorted(stale)]
+        logger.info("%s: %d of %d rows differ from their records", queue, len(ordered), len(ids))
         total = 0
+        said = time.monotonic()
         for start in range(0, len(ordered), chunk):
+            if time.monotonic() - said >= PROGRESS_EVERY:  # a long re-read says how far it got
+                said = time.monotonic()
+                logger.warning("%s: resync rewrote %d of %d rows", queue, start, len(ordered))
             part = ordered[start : start + chunk]
             live = [r for r in self.storage.get_records(queue, part).values() if r is not None]
             total += len(live)

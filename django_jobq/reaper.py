@@ -242,6 +242,11 @@ class Reaper:
                     if self._sync_due():  # before firing: a new schedule's row must exist
                         self.sync_schedules()
                     self.run_once()
+                    if mirror_thread is not None and not mirror_thread.is_alive():
+                        # Never expected (its loop catches every error), but a mirror that
+                        # died would leave the admin behind for good: say so and start anew.
+                        logger.error("the mirror thread stopped; starting it again")
+                        mirror_thread = self.mirror.start()
                     if time.monotonic() - self._last_purge >= self.retention_interval:
                         self.purge()
                     if (

@@ -48,6 +48,16 @@ def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> 
     return predicate()
 
 
+def log_tail(path: str | Path, lines: int = 40) -> str:
+    """The end of a spawned process's log, for an assertion message: CI keeps the test output,
+    not the temporary directory the log was written to."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"({path}: {exc})"
+    return "\n".join(text[-lines:])
+
+
 class Spawner:
     """Starts ``manage.py`` commands with the test settings, each logging to its own file, and
     stops every one it started by PID (never by name): SIGTERM, then SIGKILL if it hangs."""

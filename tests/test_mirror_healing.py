@@ -277,6 +277,37 @@ def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
     assert rows(db_alias) == {"a": "queued"}
 
 
+def test_the_reaper_starts_a_mirror_thread_that_stopped_again(storage, db_alias, settings):
+    import threading
+
+    from django_jobq.reaper import Reaper
+
+    from .helpers import wait_until
+
+    settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}
+    reaper = Reaper([Q], storage=storage, schedules=False, interval=0.05)
+    real_run, runs = reaper.mirror.run, []
+
+    def run() -> None:
+        runs.append(1)
+        if len(runs) == 1:  # the first thread dies at once, as an escaped error would end it
+            raise SystemExit
+        real_run()
+
+    reaper.mirror.run = run
+    storage.ensure_group(Q, GROUP)  # the mirror's place kept from the first event on
+    thread = threading.Thread(target=reaper.run, daemon=True)
+    thread.start()
+    try:
+        enqueue(storage, "a")  # mirrored only by a thread started after the first died
+        assert wait_until(lambda: rows(db_alias) == {"a": "queued"}, timeout=60)
+        assert len(runs) == 2
+    finally:
+        reaper.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
 # -- the stream is bounded by what the mirror acknowledged ---------------------------------------
 
 _examples = iter(range(10**6))

@@ -32,7 +32,7 @@ from django_jobq.states import JobState
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
 
-from .helpers import Spawner, wait_until, worker_ports
+from .helpers import Spawner, log_tail, wait_until, worker_ports
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 Q = "tests-echo"  # a queue with a handler in tests/jobsapp (the worker runs it)
@@ -97,15 +97,22 @@ def test_models_equal_redis_after_a_bulk_load_far_past_the_stream_cap(
             seen["lag"] = max(seen["lag"], lag(storage, [Q])[0] or 0.0)
             return worker.poll() is not None or storage.counts(Q)[COMPLETED] >= JOBS
 
-        assert wait_until(done, timeout=DRAIN_S, interval=0.5), "the worker did not finish"
-        assert worker.poll() is None, f"the worker exited; see {worker.log_path}"
+        assert wait_until(done, timeout=DRAIN_S, interval=0.5), (
+            f"the worker did not finish:\n{log_tail(worker.log_path)}"
+        )
+        assert worker.poll() is None, f"the worker exited:\n{log_tail(worker.log_path)}"
         finished = time.monotonic()
         caught_up = wait_until(
             lambda: lag(storage, [Q]) == (0.0, 0)
             and Job.objects.using(db_alias).filter(queue=Q, state="completed").count() == JOBS,
             timeout=CONVERGE_S, interval=0.5,
         )  # fmt: skip
-        assert caught_up, f"rows did not converge; see {reaper.log_path}"
+        assert caught_up, (
+            f"rows did not converge: lag {lag(storage, [Q])}, "
+            f"{Job.objects.using(db_alias).filter(queue=Q, state='completed').count()} rows "
+            f"completed, sampled {storage.mirror_sampled().get(Q)}, reaper running "
+            f"{reaper.poll() is None}; the reaper's log:\n{log_tail(reaper.log_path, 80)}"
+        )
         converged = time.monotonic() - finished
         # Exact again: the last re-read came after the worker was done.
         assert wait_until(lambda: Q not in storage.mirror_sampled(), timeout=CONVERGE_S)
