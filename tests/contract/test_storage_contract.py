@@ -162,6 +162,30 @@ def test_claim_leases_with_a_new_token_and_counts_the_attempt(storage, clock):
     assert again.token != c.token
 
 
+def test_a_job_never_starts_before_it_was_created_nor_finishes_before_it_started(
+    storage, clock, backend
+):
+    """The database backends stamp with the clock of whichever process writes: an idle
+    worker that read its clock just before a job was committed (a loaded machine: CI saw
+    25 ms), or a web host whose clock runs ahead of the worker's, would otherwise record a
+    start before the creation. Here the claimer's and the completer's clocks run 50 ms
+    behind. (Redis stamps every transition with its own clock inside atomic scripts, and
+    the memory backend under its lock with one process's clock: neither can disagree with
+    itself, so there a clock going back is the injected clock's fiction, not a case.)"""
+    if backend not in ("sqlite", "postgres"):
+        pytest.skip("one clock stamps every transition on this backend")
+    storage.enqueue(Q, job("early"))
+    created = storage.get_record(Q, "early").created_at
+    clock.advance(-50)
+    c = claim_one(storage)
+    started = storage.get_record(Q, "early").started_at
+    assert started >= created
+    clock.advance(-50)
+    assert storage.complete(Q, "early", c.token, b"1") is AckOutcome.COMPLETED
+    rec = storage.get_record(Q, "early")
+    assert rec.created_at <= rec.started_at <= rec.finished_at
+
+
 def test_claim_on_an_empty_queue_is_empty(storage):
     batch = storage.claim("empty-q", "w1", 5, LEASE)
     assert batch.jobs == [] and batch.next_due_in is None

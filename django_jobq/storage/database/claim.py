@@ -201,10 +201,11 @@ class ClaimAck(Enqueue):
         return (
             f"claimed AS (UPDATE {self._table} j SET state = 'active', worker = %s, "
             "token = CASE WHEN j.token >= %s THEN j.token + 1 ELSE %s END, "
-            "attempts = j.attempts + 1, started_at = %s, lease_deadline = %s "
+            "attempts = j.attempts + 1, started_at = GREATEST(%s, j.created_at), "
+            "lease_deadline = %s "
             f"FROM picked WHERE j.id = picked.id AND j.state = 'queued' RETURNING {_J_RETURNING}), "
             f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
-            "stream_id) SELECT id, %s, 'active', %s, %s, '' FROM claimed), "
+            "stream_id) SELECT id, %s, 'active', GREATEST(%s, created_at), %s, '' FROM claimed), "
         )
 
     def _quick_cte(self) -> str:
@@ -329,7 +330,8 @@ class ClaimAck(Enqueue):
         return self._sql(
             f"UPDATE {self._table} SET state = 'active', worker = %s, "
             "token = CASE WHEN token >= %s THEN token + 1 ELSE %s END, "
-            f"attempts = attempts + 1, started_at = %s, lease_deadline = %s WHERE {where} "
+            f"attempts = attempts + 1, started_at = {self._greatest}(%s, created_at), "
+            f"lease_deadline = %s WHERE {where} "
             + RETURNING,
             [worker_id, base, base, self._param_dt(now), self._param_dt(now + lease_ms), *params],
         )
@@ -481,7 +483,7 @@ class ClaimAck(Enqueue):
         return (
             self._jobs().filter(queue=queue, job_id=job_id).annotate(cap=Subquery(cap))
             .values("id", "attempts", "max_attempts", "result_ttl", "waiters", "worker",
-                    "has_successor", "cap").get()
+                    "has_successor", "started_at", "cap").get()
         )  # fmt: skip
 
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
@@ -618,7 +620,8 @@ class ClaimAck(Enqueue):
         rows = self._pg_sql(
             head + "AND j.state = 'active' AND NOT j.has_successor FOR UPDATE OF j), "
             f"done AS (UPDATE {t} j SET state = 'completed', result = old.result, "
-            "finished_at = %s, expires_at = %s + j.result_ttl * interval '1 millisecond', "
+            "finished_at = GREATEST(%s, j.started_at), "
+            "expires_at = %s + j.result_ttl * interval '1 millisecond', "
             "lease_deadline = NULL, waiters = 0 FROM old WHERE j.id = old.id "
             "RETURNING j.id, j.job_id, j.token, j.worker, old.waiters, old.result, j.result_ttl), "
             f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
@@ -680,7 +683,8 @@ class ClaimAck(Enqueue):
             return out
         with connections[self.using].cursor() as cursor:
             cursor.executemany(
-                f"UPDATE {self._table} SET state = 'completed', result = %s, finished_at = %s, "
+                f"UPDATE {self._table} SET state = 'completed', result = %s, "
+                f"finished_at = {self._greatest}(%s, started_at), "
                 "expires_at = %s, lease_deadline = NULL, waiters = 0 WHERE id = %s",
                 updates,
             )

@@ -226,6 +226,17 @@ class DatabaseCore(Storage):
         return " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
 
     @property
+    def _greatest(self) -> str:
+        """The larger-of-two function (SQLite's two-argument ``MAX``; its datetimes are ISO
+        text, which orders as the times do). A claim stamps ``started_at`` no earlier than
+        ``created_at``, a completion ``finished_at`` no earlier than ``started_at``: the
+        stamps come from each process's clock, taken just before its statement, so a job
+        committed between an idle worker's stamp and its claim statement (a loaded machine),
+        or created on a host whose clock runs ahead, would otherwise start before it was
+        created."""
+        return "GREATEST" if self.vendor == "postgresql" else "MAX"
+
+    @property
     def _for_update(self) -> str:
         return " FOR UPDATE" if self.vendor == "postgresql" else ""
 
@@ -240,9 +251,11 @@ class DatabaseCore(Storage):
             return [list(r) for r in cursor.fetchall()] if fetch else []
 
     def _finish_fields(self, row: Any, state: JobState, now: int) -> dict[str, Any]:
+        started = row.get("started_at") if isinstance(row, dict) else None
         return {
             "state": state,
-            "finished_at": _dt(now),
+            # Never before the start (``_greatest`` says why the clocks may disagree).
+            "finished_at": _dt(now if started is None else max(now, _ms(started))),
             "expires_at": _dt(now + row["result_ttl"]),
             "lease_deadline": None,
             "waiters": 0,
