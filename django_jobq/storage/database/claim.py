@@ -331,8 +331,7 @@ class ClaimAck(Enqueue):
             f"UPDATE {self._table} SET state = 'active', worker = %s, "
             "token = CASE WHEN token >= %s THEN token + 1 ELSE %s END, "
             f"attempts = attempts + 1, started_at = {self._greatest}(%s, created_at), "
-            f"lease_deadline = %s WHERE {where} "
-            + RETURNING,
+            f"lease_deadline = %s WHERE {where} " + RETURNING,
             [worker_id, base, base, self._param_dt(now), self._param_dt(now + lease_ms), *params],
         )
 
