@@ -1306,9 +1306,22 @@ class RedisStorage(Storage):
         trimmed = info["entries-added"] - info["length"]
         if trimmed <= 0:
             return False
-        entries_read = groups[group]["entries-read"]
+        g = groups[group]
+        entries_read = g["entries-read"]
         if entries_read is not None:
-            return trimmed > entries_read
+            if trimmed > entries_read:
+                return True
+            # Trimmed while the group read just behind the trim: XREADGROUP skips what is
+            # gone and counts only what it delivers, so the group's place passes the gap and
+            # the test above can no longer see it. Redis's lag then counts the skipped
+            # entries: more than the stream holds, or anything at all once the group has
+            # read the newest entry, is a gap (a 250,000-job run skipped 1,165 events so, and the
+            # mirror waited for them for good).
+            lag = g.get("lag")
+            if lag:
+                caught_up = _s(g["last-delivered-id"]) == _s(info["last-generated-id"])
+                return caught_up or lag > info["length"]
+            return False
         # Redis could not count for us: lost if the oldest surviving entry is past our place.
         first = _s(info.get("recorded-first-entry-id") or "0-0")
         return _stream_id(first) > _stream_id(_s(groups[group]["last-delivered-id"]))
@@ -1341,12 +1354,16 @@ class RedisStorage(Storage):
                 oldest.append(_stream_id(_s(summary["min"]))[0])
         after = "(" + _s(g["last-delivered-id"])
         nxt = self.client.xrange(key, min=after, max="+", count=1)
-        undelivered = g.get("lag")
+        undelivered = 0  # nothing after the group's place: Redis's lag may count a gap
         if nxt:
             oldest.append(_stream_id(_s(nxt[0][0]))[0])
+            undelivered = g.get("lag")
             if undelivered is None:  # Redis cannot count past a trim: count what is there
                 undelivered = len(self.client.xrange(key, min=after, max="+"))
-        return pending + int(undelivered or 0), min(oldest) if oldest else None
+            # Never more than the stream holds (a lag that counts entries trimmed unread is
+            # a gap, which events_lost reports and the mirror heals).
+            undelivered = min(int(undelivered), int(info["length"]))
+        return pending + int(undelivered), min(oldest) if oldest else None
 
     def stream_position(self, queue: str) -> tuple[str, int]:
         """(newest entry id, entries ever added) of the queue's stream, read in one reply."""
