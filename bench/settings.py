@@ -46,8 +46,9 @@ if _BENCH_DB == "postgres":
         "PORT": os.environ.get("JOBQ_BENCH_PG_PORT", "5432"),
     }
     if os.environ.get("JOBQ_BENCH_PG_PREPARE"):
-        # psycopg's prepare_threshold (Django's OPTIONS): what a deployment without a
-        # transaction-mode pooler may set; unset, as in Django's default, nothing is prepared.
+        # psycopg's prepare_threshold (Django's OPTIONS). Unset, as in Django's default, jobq
+        # prepares its own hot statements (JOBQ["DATABASE_PREPARE"] "auto"); set, psycopg
+        # applies it to them (and to any other server-bound statement).
         DATABASES["default"]["OPTIONS"] = {
             "prepare_threshold": int(os.environ["JOBQ_BENCH_PG_PREPARE"])
         }
@@ -55,6 +56,9 @@ if _BENCH_DB == "sqlite":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20}
 if _BENCH_DB:
     JOBQ = {"BACKEND": "database", "METRICS": JOBQ["METRICS"]}
+    # JOBQ_BENCH_DB_PREPARE=auto|true|false: JOBQ["DATABASE_PREPARE"] (default "auto").
+    _prepare = os.environ.get("JOBQ_BENCH_DB_PREPARE", "auto").lower()
+    JOBQ["DATABASE_PREPARE"] = {"true": True, "false": False}.get(_prepare, _prepare)
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 if os.environ.get("JOBQ_BENCH_TRACING", "0") != "0":

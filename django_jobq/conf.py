@@ -35,6 +35,12 @@ DEFAULTS: dict[str, Any] = {
     "BACKEND": None,
     # The Django database alias of the "database" backend (SQLite or PostgreSQL).
     "DATABASE_ALIAS": "default",
+    # PostgreSQL: whether the database backend prepares its hot statements (enqueue, claim,
+    # completion) once per connection. "auto": yes, unless the alias's OPTIONS set
+    # "prepare_threshold" (then psycopg decides, as for every other query); True: always;
+    # False: never (a transaction-mode PgBouncer before 1.21, or without
+    # max_prepared_statements). docs/settings.md, "The database backend on PostgreSQL".
+    "DATABASE_PREPARE": "auto",
     # None with BACKEND "redis": redis://127.0.0.1:6379/0. A Redis Cluster:
     # redis+cluster://host:port,host:port (seed nodes; rediss+cluster:// for TLS).
     "REDIS_URL": None,
@@ -284,6 +290,9 @@ def check_settings() -> list[str]:
                 f"JOBQ['DATABASE_ALIAS'] {alias!r}: the database backend supports SQLite and "
                 "PostgreSQL"
             )
+    prepare = conf["DATABASE_PREPARE"]
+    if not (prepare == "auto" or isinstance(prepare, bool)):  # not 1 or 0: a threshold?
+        problems.append(f"JOBQ['DATABASE_PREPARE'] {prepare!r}: use 'auto', True or False")
     if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
         url = conf["REDIS_URL"]
         from .storage.redis.cluster import CLUSTER_SCHEMES, check_cluster_url
@@ -446,7 +455,7 @@ def build_storage() -> Any:
     if backend == "database":
         from .storage.database import DatabaseStorage
 
-        return DatabaseStorage(conf["DATABASE_ALIAS"])
+        return DatabaseStorage(conf["DATABASE_ALIAS"], prepare=conf["DATABASE_PREPARE"])
     if backend == "memory":
         from .storage.memory import MemoryStorage
 

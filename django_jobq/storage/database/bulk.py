@@ -36,9 +36,15 @@ from .wakeups import CHANNEL
 ID_INDEX = "jobq_job_queue_id_uniq"
 
 # psycopg's ``Cursor`` binds parameters on the server (Django's cursors quote them on the
-# client): arrays travel in binary, and a connection whose prepare_threshold allows it can
-# prepare the statement once.
+# client): arrays travel in binary, and the statement can be prepared (``_pg_sql``).
 _SERVER_CURSOR: Any = None
+
+# The ``prepare_threshold`` jobq gives a connection on which Django left psycopg's default of
+# None (prepare nothing) and jobq prepares its own statements: psycopg ignores ``prepare=True``
+# while the threshold is None, and with this one it prepares no statement on its count of
+# uses, so nothing but the statements marked ``prepare=True`` is prepared (Django's own
+# cursors bind on the client, and psycopg never prepares their queries whatever the threshold).
+EXPLICIT_ONLY = 2**62
 
 
 def _server_cursor_class() -> Any:
@@ -48,6 +54,30 @@ def _server_cursor_class() -> Any:
 
         _SERVER_CURSOR = psycopg.Cursor
     return _SERVER_CURSOR
+
+
+def _missing_statement_error() -> type[Exception]:
+    import psycopg
+
+    return psycopg.errors.InvalidSqlStatementName
+
+
+def _forget_prepared(raw: Any) -> bool:
+    """After "prepared statement ... does not exist": psycopg's cache of the connection named
+    a statement the server no longer has. psycopg empties that cache when it sees the
+    connection roll back, or run ``DEALLOCATE ALL`` / ``DISCARD ALL``, but not every time:
+    a ``DEALLOCATE ALL`` whose text it has counted before (run while nothing was prepared)
+    goes unseen. Empty it (the next call prepares again; psycopg also deallocates what is
+    left at its next statement) and say whether the statement may simply run again: only
+    when no transaction is open, since the error aborted any, the caller's included (that
+    one raises; its retry prepares afresh)."""
+    import psycopg
+
+    cache = getattr(raw, "_prepared", None)  # psycopg's PrepareManager (no public API)
+    if cache is None:
+        return False
+    cache.clear()
+    return raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 # The per-job columns of a bulk insert and their SQL types, in the order of ``_chunk_columns``.
@@ -71,31 +101,68 @@ class BulkInsert(FailureCalls):
     """The chunk statement of ``enqueue_many`` on PostgreSQL and its fast path."""
 
     def __init__(
-        self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
+        self,
+        using: str = "default",
+        *,
+        clock: Clock | None = None,
+        poll_interval: float = 0.01,
+        prepare: bool | str | None = None,
     ) -> None:
-        super().__init__(using, clock=clock, poll_interval=poll_interval)
+        super().__init__(using, clock=clock, poll_interval=poll_interval, prepare=prepare)
         # Queues whose last bulk chunk met a taken id: their next chunk skips the fast path.
         self._bulk_careful: set[str] = set()
 
     def _pg_sql(self, query: str, params: Sequence[Any]) -> list[Any]:
         """PostgreSQL: ``query`` with server-side parameter binding on this alias's connection
-        (Django's own, so inside the caller's transaction when there is one).
+        (Django's own, so inside the caller's transaction when there is one), prepared once per
+        connection as ``self.prepare`` says (``_prepare_flag``).
 
         Why not ``self._sql``: Django's psycopg cursors bind on the client, so psycopg quoted
-        each element of the bulk arrays in Python (a third of a bulk enqueue's client time).
-        Here the parameters, arrays included, travel in binary. Whether the statement is also
-        prepared is the connection's own choice, as for every other query of the project:
-        Django sets psycopg's ``prepare_threshold`` from ``OPTIONS["prepare_threshold"]``
-        (default ``None``: never, which is what a transaction-mode PgBouncer before 1.21
-        needs); forcing ``prepare=True`` here is a no-op under that default and would break
-        such a pooler under any other. Errors come out as Django's, as from ``_sql``
+        each element of the bulk arrays in Python (a third of a bulk enqueue's client time),
+        and it never prepares their statements, so PostgreSQL planned every claim and
+        completion again (~190 and ~130 µs on a 2-core machine).
+        Here the parameters, arrays included, travel in binary, and the statement text holds
+        no value, so a connection prepares each statement once (a bounded set: the shapes of
+        the bulk insert are the most numerous; psycopg keeps at most ``prepared_max``, 100,
+        deallocating the least recently used). Errors come out as Django's, as from ``_sql``
         (``unavailable`` and ``atomic`` rely on that)."""
         self._drop_broken_connection()
         conn = connections[self.using]
         conn.ensure_connection()
-        with conn.wrap_database_errors, _server_cursor_class()(conn.connection) as cursor:
-            cursor.execute(query, params)
+        prepare = self._prepare_flag(conn)
+        raw = conn.connection
+        with conn.wrap_database_errors, _server_cursor_class()(raw) as cursor:
+            try:
+                cursor.execute(query, params, prepare=prepare)
+            except _missing_statement_error():
+                if not _forget_prepared(raw):
+                    raise
+                cursor.execute(query, params, prepare=False)  # no transaction to resume
             return cursor.fetchall() if cursor.description is not None else []
+
+    def _prepare_flag(self, conn: Any) -> bool | None:
+        """psycopg's ``prepare`` for a statement of ``_pg_sql`` on ``conn`` (connected).
+
+        ``"auto"``: when the alias's ``OPTIONS`` name a ``prepare_threshold`` (even None, as
+        behind a transaction-mode PgBouncer before 1.21), that is the user's choice and psycopg
+        applies it (None: let it decide). Otherwise Django's default of None means no choice
+        was made, and jobq prepares its own statements: True, with the connection's threshold
+        raised from None to ``EXPLICIT_ONLY`` (psycopg honours ``prepare=True`` only when the
+        threshold is not None). That threshold stays for the connection's life: psycopg's
+        cache of prepared names then follows what the connection does (a rollback, ``DISCARD
+        ALL`` or ``DEALLOCATE ALL`` run on it empties the cache, and the next call prepares
+        again), which it would not if the threshold went back to None between our calls.
+        A new connection (a reconnect, a pooled one) starts with an empty cache. ``True``:
+        prepared whatever ``OPTIONS`` say; ``False``: never, whatever they say."""
+        mode = self.prepare
+        if mode is False:
+            return False
+        if mode == "auto" and "prepare_threshold" in (conn.settings_dict.get("OPTIONS") or {}):
+            return None
+        raw = conn.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = EXPLICIT_ONLY
+        return True
 
     def _insert_new_chunk(self, queue: str, jobs: Sequence[NewJob]) -> list[StoredEnqueue] | None:
         """The fast path (see the module docstring): ``jobs`` (no per-job rules, no id twice)

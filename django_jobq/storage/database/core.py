@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from ...errors import StorageUnavailable
+from ...errors import ConfigurationError, StorageUnavailable
 from ...job import RunAtUpdate
 from ...states import JobState
 from ..base import Clock, Storage
@@ -146,12 +146,24 @@ class DatabaseCore(Storage):
         return None
 
     def __init__(
-        self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
+        self,
+        using: str = "default",
+        *,
+        clock: Clock | None = None,
+        poll_interval: float = 0.01,
+        prepare: bool | str | None = None,
     ) -> None:
+        from ...conf import jobq_settings
         from ...models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
         from ...models import FailureCall as FailureCallRow
 
+        if prepare is None:
+            prepare = jobq_settings()["DATABASE_PREPARE"]
+        if not (prepare == "auto" or isinstance(prepare, bool)):
+            raise ConfigurationError(f"prepare {prepare!r}: use 'auto', True or False")
         self.using = using
+        # PostgreSQL: whether the hot statements are prepared (``BulkInsert._pg_sql``).
+        self.prepare: bool | str = prepare
         self.clock = clock
         self.poll_interval = poll_interval
         self.Job, self.JobEvent, self.QueueConfig, self.WorkerInfo = (

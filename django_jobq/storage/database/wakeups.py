@@ -29,9 +29,14 @@ class Wakeups(DatabaseCore):
     """Signals sent by transitions and the waits that end on them."""
 
     def __init__(
-        self, using: str = "default", *, clock: Clock | None = None, poll_interval: float = 0.01
+        self,
+        using: str = "default",
+        *,
+        clock: Clock | None = None,
+        poll_interval: float = 0.01,
+        prepare: bool | str | None = None,
     ) -> None:
-        super().__init__(using, clock=clock, poll_interval=poll_interval)
+        super().__init__(using, clock=clock, poll_interval=poll_interval, prepare=prepare)
         # Wake-ups: every signal bumps a generation number. A waiter compares it with the value
         # it saw *before* reading the database, so a signal that lands between its read and its
         # wait is never lost (the classic missed wake-up of condition variables).
