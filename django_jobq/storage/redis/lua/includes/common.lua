@@ -107,7 +107,10 @@ local function bury(job_key, dead_key, id, now)
   if f[1] ~= 'failed' then return end
   local t = redis.call('TIME')
   local at = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-  if at < now or at >= now + 1000 then at = now end  -- a caller's clock: keep its millisecond
+  -- The server's microseconds only when its clock is the script's (its now read moments ago,
+  -- in this millisecond or the next); a caller's clock (tests inject one) keeps its own time,
+  -- or the list's scores would mix two clocks and prune by the wrong one.
+  if at < now or at >= now + 2 then at = now end
   local score = at + math.max(tonumber(f[2]) or 0, 0)
   redis.call('ZADD', dead_key, string.format('%.3f', score), id)
 end
