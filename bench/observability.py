@@ -118,7 +118,8 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
     """CPU (``process_time``) per job of what the worker does for ``mode``, alone, per claim
     batch of ``batch`` jobs: metrics, the tally's ``started`` and ``verdicts``; tracing, the
     ``active()`` check and, when spans are made, a consumer span per job started (from a
-    carried context when the producer was sampled, else as a root, as in a drain), made
+    carried context when the job's ``send`` was sampled, else marked as sent unsampled or,
+    before the mark, as a root: as in a drain, each job's send decided at the ratio), made
     current around the handler and ended. The steadier figure on a loaded machine: it does
     not depend on how the scheduler treats a drain, only on the code it times."""
     import time as clock
@@ -138,18 +139,29 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
     else:
         provider = producer_provider(value)
         tracing.use_provider(provider)
-        meta: dict = {}
-        if tracing.active():  # a sampled producer's jobs carry its context (every one at 100 %)
-            with tracing.producer_span("bench") as (_, carrier):
-                meta = {tracing.TRACE_META: carrier} if carrier else {}
-
-        jobs = [SimpleNamespace(queue="bench", job_id=str(i), attempt=1) for i in range(batch)]
-        metas = [meta] * batch
+        batches = []
+        for _ in range(rounds):  # the jobs of each batch, as a traced producer sends them
+            jobs, metas = [], []
+            for i in range(batch):
+                job = SimpleNamespace(queue="bench", job_id=str(i), attempt=1,
+                                      payload=b'{"n":1}', content_type="json")  # fmt: skip
+                meta: dict = {}
+                if tracing.active():  # one send per job: its decision at the ratio
+                    with tracing.producer_span("bench") as (_, carrier):
+                        if carrier:  # sampled: the job carries its context
+                            meta = {tracing.TRACE_META: dict(carrier)}
+                        elif getattr(tracing, "UNSAMPLED", None) is carrier:  # not: marked
+                            job.payload = tracing.mark(job.payload)
+                jobs.append(job)
+                metas.append(meta)
+            batches.append((jobs, metas))
+        it = iter(batches)
 
         def handler() -> None:
             return None
 
         def one_batch() -> None:
+            jobs, metas = next(it)
             if tracing.active():  # as the worker: start, current around the handler, end
                 spans = tracing.start_consumers(jobs, metas, "w")
                 for span in spans:

@@ -58,6 +58,20 @@ def root_bound(sampler: Any) -> int | None:
     return None
 
 
+def drops_unsampled_remote_parent(sampler: Any) -> bool:
+    """True when ``sampler`` (one of the SDK's) drops every span whose remote parent is not
+    sampled: ``ParentBased`` (``ParentBasedTraceIdRatio`` included) with its default
+    ``remote_parent_not_sampled`` (``ALWAYS_OFF``). Then a job marked as sent unsampled
+    (``tracing.marked``) has its attempt dropped, as if its producer's context were carried."""
+    from opentelemetry.sdk.trace import sampling
+
+    if type(sampler) not in (sampling.ParentBased, sampling.ParentBasedTraceIdRatio):
+        return False
+    remote = getattr(sampler, "_remote_parent_not_sampled", None)
+    return (type(remote) is sampling.StaticSampler
+            and getattr(remote, "_decision", None) is sampling.Decision.DROP)  # fmt: skip
+
+
 def for_tracer(tracer: Any, trace: Any) -> Fast | None:
     """The fast path of an SDK ``tracer`` (``trace``: the ``opentelemetry.trace`` module), or
     None when the SDK must decide every span (see the module's docstring)."""
@@ -93,6 +107,8 @@ class Fast:
         # The pieces of ``decide`` for a loop over a claim batch (``tracing.start_consumers``),
         # which binds them once instead of calling ``decide`` per attempt.
         self.bound, self.unsampled, self.enabled = bound, unsampled, tracer._is_enabled
+        # Whether a job marked as sent unsampled is dropped without a draw against ``bound``.
+        self.drops_marked = drops_unsampled_remote_parent(tracer.sampler)
         self.draw, self.redraw = _drawer(ids)
         self._local = handoff.local
 

@@ -18,8 +18,9 @@ with that very trace id, so what is recorded is exactly what the SDK alone would
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from . import fastpath
@@ -30,6 +31,11 @@ SYSTEM = "django_jobq"  # messaging.system
 SCOPE = "django_jobq"  # instrumentation scope of the tracer
 TRACE_META = "trace"  # key of the carrier in an envelope's meta
 LINKS_META = "trace_links"  # a flow parent's links: the carriers of its children's sends
+# The producer's "not sampled" decision: in an envelope's meta when the job has one anyway,
+# else (a plain JSON job) one trailing space after the payload's JSON (``marked``).
+UNSAMPLED_META = "trace_unsampled"
+# What ``producer_span`` yields for an unsampled send: no carrier, but "not sampled" to mark.
+UNSAMPLED: Mapping[str, str] = MappingProxyType({})
 
 _api: Any = None  # opentelemetry modules once imported; False when not installed
 _provider: Any = None  # a provider set by use_provider() (tests, or no global provider)
@@ -122,11 +128,11 @@ def _has_current_parent() -> bool:
 
 
 @contextmanager
-def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, str]]]:
+def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, Mapping[str, str]]]:
     """A ``send <queue>`` PRODUCER span, current while the block runs; yields the span and the
     carrier to put in the jobs' envelopes. The carrier is empty unless the span is sampled:
-    an unsampled enqueue leaves its jobs plain (no envelope to write and decode), and their
-    attempts' spans are then sampled on their own, as roots."""
+    an unsampled enqueue yields ``UNSAMPLED`` (no envelope to write and decode: the jobs are
+    marked, see ``marked``), and a worker under a parent-based sampler drops their attempts."""
     trace = _modules()[0]
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -139,12 +145,14 @@ def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, s
     span = _start(f"send {queue}", trace.SpanKind.PRODUCER, attributes)
     if not span.is_recording():  # nothing to record an error on, nothing to carry
         with _Current(span):
-            yield span, {}
+            yield span, UNSAMPLED
         return
     with trace.use_span(span, end_on_exit=True):
+        if not span.get_span_context().trace_flags.sampled:  # RECORD_ONLY
+            yield span, UNSAMPLED
+            return
         carrier: dict[str, str] = {}
-        if span.get_span_context().trace_flags.sampled:
-            _modules()[1].inject(carrier)
+        _modules()[1].inject(carrier)
         yield span, carrier
 
 
@@ -168,30 +176,50 @@ def flow_span(queue: str, count: int) -> Iterator[Any]:
         yield span
 
 
-def start_producer(queue: str, job_id: str) -> tuple[Any, dict[str, str]]:
+def start_producer(queue: str, job_id: str) -> tuple[Any, Mapping[str, str]]:
     """Start (not make current) the ``send <queue>`` span of one job of a flow, child of the
-    current span; returns it and the carrier for the job's envelope (empty when unsampled).
-    The caller ends it once the job is stored."""
+    current span; returns it and the carrier for the job's envelope (``UNSAMPLED`` when
+    unsampled). The caller ends it once the job is stored."""
     trace, propagate = _modules()[0], _modules()[1]
     span = _start(
         f"send {queue}", trace.SpanKind.PRODUCER,
         {"messaging.system": SYSTEM, "messaging.operation.type": "send",
          "messaging.destination.name": queue, "messaging.message.id": job_id},
     )  # fmt: skip
+    if not span.get_span_context().trace_flags.sampled:
+        return span, UNSAMPLED
     carrier: dict[str, str] = {}
-    if span.get_span_context().trace_flags.sampled:
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
     return span, carrier
 
 
+def marked(content_type: str, payload: bytes) -> bool:
+    """Whether a plain job was sent by an unsampled ``send``: a JSON payload with one trailing
+    space (``mark``). JSON ignores whitespace, so every worker (an older one included) and
+    every reader of the job decodes the same value; jobq's JSON encoder never writes one."""
+    return content_type == "json" and payload[-1:] == b" "
+
+
+def mark(body: bytes) -> bytes:
+    """A plain JSON job's payload marked as sent unsampled (see ``marked``)."""
+    return body + b" "
+
+
 def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
-                   meta: dict[str, Any]) -> Any:  # fmt: skip
+                   meta: dict[str, Any], unsampled: bool = False) -> Any:  # fmt: skip
     """Start (not make current) the ``process <queue>`` CONSUMER span of one attempt, child of
     the producer's context when the job carries one, else a root (never a child of whatever
-    the calling thread has current: an attempt's parent is its job's ``send``)."""
+    the calling thread has current: an attempt's parent is its job's ``send``). ``unsampled``:
+    a plain job marked as sent unsampled (``marked``); its meta may say so too."""
     api = _api or _modules()  # (per attempt: no call when already imported)
     trace = api[0]
     fast = _tracer_cache[2] if _tracer_cache[1] is not None else _fast()
+    if (fast is not None and fast.drops_marked and (unsampled or UNSAMPLED_META in meta)
+            and TRACE_META not in meta and fast.enabled()):  # fmt: skip
+        # Sent unsampled, and the sampler drops a span whose remote parent is not sampled:
+        # dropped, as the SDK would drop it with the producer's context. A trace id is drawn
+        # (in the same order as for a root), for the span's lazily made context.
+        return fast.unsampled(fast.draw() or fast.redraw())
     if not meta and fast is not None:  # a plain job (the hot path): a root, no links
         span = fast.decide()
         if span is not None:  # dropped: nothing more to do
@@ -226,24 +254,31 @@ def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
 def start_consumers(jobs: Sequence[Any], metas: Sequence[dict[str, Any]],
                     worker_id: str) -> list[Any]:  # fmt: skip
     """``start_consumer`` for each attempt of one claim batch (``jobs``: claimed jobs, with
-    ``queue``, ``job_id`` and ``attempt``; ``metas``: their envelopes' meta), in order: the
-    same spans, drawn in the same order. Why a batch: at 1 % sampling, 99 % of attempts are
+    ``queue``, ``job_id``, ``attempt``, ``content_type`` and ``payload``, which may be marked
+    as sent unsampled, see ``marked``; ``metas``: their envelopes' meta), in order: the same
+    spans, drawn in the same order. Why a batch: at 1 % sampling, 99 % of attempts are
     dropped roots, whose whole cost is the call overhead around one trace id draw; here the
     fast path's pieces are bound once per batch and a dropped root costs one draw, one
     comparison and one light span. (The tracer's enabled flag is read once per batch: a
     tracer configurator that disables it takes effect from the next claim.)"""
     fast = _fast()
     if fast is None or not fast.enabled():
-        return [start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta)
+        return [start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta,
+                               marked(c.content_type, c.payload))
                 for c, meta in zip(jobs, metas, strict=True)]  # fmt: skip
     draw, redraw, bound, unsampled = fast.draw, fast.redraw, fast.bound, fast.unsampled
+    drops_marked = fast.drops_marked
     spans = []
     for c, meta in zip(jobs, metas, strict=True):
         if meta:  # a carried context, links or other settings: the general path
             spans.append(start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta))
             continue
         trace_id = draw() or redraw()
-        if trace_id & fastpath.LIMIT >= bound:  # dropped (the sampler's own rule)
+        # Dropped: by the sampler's own rule, or (only then looked at: 1 % of attempts at
+        # 1 % sampling) as sent unsampled, under a sampler that drops those.
+        if trace_id & fastpath.LIMIT >= bound or (
+            drops_marked and c.content_type == "json" and c.payload[-1:] == b" "
+        ):
             spans.append(unsampled(trace_id))
         else:  # sampled: the SDK makes it with this trace id, every attribute at once
             attributes = _consumer_attributes(c.queue, c.job_id, c.attempt, worker_id)
