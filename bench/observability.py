@@ -26,6 +26,7 @@ rates (start-up included, and steady: first completion to last). One JSON object
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -138,30 +139,34 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
 
     else:
         provider = producer_provider(value)
+        carried_meta: dict = {}
+        if value != "noexport":  # a sampled send's context, as its jobs carry it
+            tracing.use_provider(producer_provider("1"))
+            with tracing.producer_span("bench") as (_, carrier):
+                carried_meta = {tracing.TRACE_META: dict(carrier)}
         tracing.use_provider(provider)
-        batches = []
-        for _ in range(rounds):  # the jobs of each batch, as a traced producer sends them
-            jobs, metas = [], []
-            for i in range(batch):
-                job = SimpleNamespace(queue="bench", job_id=str(i), attempt=1,
-                                      payload=b'{"n":1}', content_type="json")  # fmt: skip
-                meta: dict = {}
-                if tracing.active():  # one send per job: its decision at the ratio
-                    with tracing.producer_span("bench") as (_, carrier):
-                        if carrier:  # sampled: the job carries its context
-                            meta = {tracing.TRACE_META: dict(carrier)}
-                        elif getattr(tracing, "UNSAMPLED", None) is carrier:  # not: marked
-                            job.payload = tracing.mark(job.payload)
-                jobs.append(job)
-                metas.append(meta)
-            batches.append((jobs, metas))
-        it = iter(batches)
+        # The jobs of a drain, each sent by its own send decided at the ratio: exactly that
+        # share carry a sampled send's context (evenly spread), the others were sent unsampled
+        # (a plain JSON job marked so: one trailing space; a worker before the mark ignores
+        # it). A cycle of 25 batches, reused: a small heap, as the worker's batches are.
+        ratio = 0.0 if value == "noexport" else float(value)
+        cycle = 25 * batch
+        carried = round(ratio * cycle)
+        jobs, metas = [], []
+        for i in range(cycle):
+            carries = i * carried // cycle != (i + 1) * carried // cycle
+            payload = b'{"n":1}' if carries else b'{"n":1} '
+            jobs.append(SimpleNamespace(queue="bench", job_id=str(i), attempt=1, payload=payload,
+                                        content_type="json"))  # fmt: skip
+            metas.append(carried_meta if carries else {})
+        batches = itertools.cycle([(jobs[k : k + batch], metas[k : k + batch])
+                                   for k in range(0, cycle, batch)])  # fmt: skip
 
         def handler() -> None:
             return None
 
         def one_batch() -> None:
-            jobs, metas = next(it)
+            jobs, metas = next(batches)
             if tracing.active():  # as the worker: start, current around the handler, end
                 spans = tracing.start_consumers(jobs, metas, "w")
                 for span in spans:

@@ -13,6 +13,11 @@ Unsampled roots (``fastpath.py``): with the SDK's own samplers (``ParentBased`` 
 with no parent is taken here, by the SDK's own rule on a trace id drawn from the SDK's own
 generator; a dropped root is a light non-recording span, and a sampled one is made by the SDK
 with that very trace id, so what is recorded is exactly what the SDK alone would record.
+
+Unsampled sends: a ``send`` span that is not sampled carries no context, but marks its jobs
+(``marked``: a plain JSON job with one trailing space, an enveloped one with ``UNSAMPLED_META``),
+and under ``ParentBased`` with its default ``remote_parent_not_sampled`` their attempts are
+dropped, as the SDK would drop them under the producer's context (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -217,9 +222,9 @@ def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
     if (fast is not None and fast.drops_marked and (unsampled or UNSAMPLED_META in meta)
             and TRACE_META not in meta and fast.enabled()):  # fmt: skip
         # Sent unsampled, and the sampler drops a span whose remote parent is not sampled:
-        # dropped, as the SDK would drop it with the producer's context. A trace id is drawn
-        # (in the same order as for a root), for the span's lazily made context.
-        return fast.unsampled(fast.draw() or fast.redraw())
+        # dropped, as the SDK would drop it with the producer's context (no decision to
+        # take: its trace id is drawn only if its context is ever asked for).
+        return fast.marked()
     if not meta and fast is not None:  # a plain job (the hot path): a root, no links
         span = fast.decide()
         if span is not None:  # dropped: nothing more to do
@@ -271,18 +276,17 @@ def start_consumers(jobs: Sequence[Any], metas: Sequence[dict[str, Any]],
                                marked(c.content_type, c.payload))
                 for c, meta in zip(jobs, metas, strict=True)]  # fmt: skip
     draw, redraw, bound, unsampled = fast.draw, fast.redraw, fast.bound, fast.unsampled
-    drops_marked = fast.drops_marked
+    sent_unsampled = fast.marked if fast.drops_marked else None
     spans = []
     for c, meta in zip(jobs, metas, strict=True):
         if meta:  # a carried context, links or other settings: the general path
             spans.append(start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta))
             continue
+        if sent_unsampled is not None and c.payload[-1:] == b" " and c.content_type == "json":
+            spans.append(sent_unsampled())  # dropped, nothing drawn (see ``marked``)
+            continue
         trace_id = draw() or redraw()
-        # Dropped: by the sampler's own rule, or (only then looked at: 1 % of attempts at
-        # 1 % sampling) as sent unsampled, under a sampler that drops those.
-        if trace_id & fastpath.LIMIT >= bound or (
-            drops_marked and c.content_type == "json" and c.payload[-1:] == b" "
-        ):
+        if trace_id & fastpath.LIMIT >= bound:  # dropped (the sampler's own rule)
             spans.append(unsampled(trace_id))
         else:  # sampled: the SDK makes it with this trace id, every attribute at once
             attributes = _consumer_attributes(c.queue, c.job_id, c.attempt, worker_id)
@@ -362,7 +366,7 @@ def attach(span: Any) -> Any:
     parent-based samplers its handler's spans are then dropped with it, instead of starting
     traces of their own. (Two plain calls rather than a context manager: this runs per
     attempt, and a generator-based one cost as much again.)"""
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         api = _api
         return api[2].attach(api[0].set_span_in_context(span))
@@ -374,7 +378,7 @@ def attach(span: Any) -> Any:
 def call_in(span: Any, func: Callable[..., Any], *args: Any) -> Any:
     """``func(*args)`` with ``span`` current: ``attach``, the call, ``detach``, in one frame
     (the worker runs each traced attempt's handler through it)."""
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         api = _api
         token = api[2].attach(api[0].set_span_in_context(span))
@@ -396,7 +400,7 @@ def call_in(span: Any, func: Callable[..., Any], *args: Any) -> Any:
 
 
 def detach(token: Any) -> None:
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         _api[2].detach(token)
     else:
@@ -405,7 +409,8 @@ def detach(token: Any) -> None:
 
 _SPAN_KEY: Any = None
 _Context: Any = None
-_var: Any = ()  # the API's context variable; None when it keeps the context elsewhere
+_UNSET: Any = object()
+_var: Any = _UNSET  # the API's context variable; None when it keeps the context elsewhere
 
 
 def _context_var() -> Any:
@@ -414,7 +419,7 @@ def _context_var() -> Any:
     ``attach(set_span_in_context(span))`` does, at a third of the calls. None for any other
     runtime context (``OTEL_PYTHON_CONTEXT``): then the API's own calls are used."""
     global _var, _SPAN_KEY, _Context
-    if _var != ():
+    if _var is not _UNSET:
         return _var
     from opentelemetry import context
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
