@@ -429,3 +429,31 @@ def test_unsampled_sends_mark_their_jobs_and_sampled_ones_carry_their_context(li
     assert s1.content_type == "json+env"
     meta = plain.serde.loads(s1.payload)["meta"]
     assert set(meta) == {tracing.TRACE_META}
+
+
+def test_a_marked_attempt_draws_its_ids_only_when_asked_and_parents_its_handlers_spans():
+    """A job sent unsampled: its attempt is dropped without a draw (the generator's stream
+    is untouched until its context is asked for), and made current it still parents the
+    handler's spans, which are dropped with it."""
+    made, spans = provider(ParentBased(TraceIdRatioBased(1 - 1e-9)), 11)
+    tracing.use_provider(made)
+    ids = made.id_generator
+    before = ids._traces.getstate()
+    job = SimpleNamespace(queue="q", job_id="j", attempt=1, payload=tracing.mark(b"{}"),
+                          content_type="json")  # fmt: skip
+    (span,) = tracing.start_consumers([job], [{}], "w")
+    assert not span.is_recording() and ids._traces.getstate() == before
+    assert "_context" not in span.__dict__
+
+    def handler():
+        with tracing._tracer().start_as_current_span("inside") as inner:
+            return inner
+
+    inner = tracing.call_in(span, handler)
+    context = span.get_span_context()
+    assert context.is_valid and not context.trace_flags.sampled
+    assert span.get_span_context() is context
+    assert not inner.is_recording()
+    assert inner.get_span_context().trace_id == context.trace_id
+    tracing.end_consumer(span, "completed", None)
+    assert spans.get_finished_spans() == ()
