@@ -26,6 +26,7 @@ rates (start-up included, and steady: first completion to last). One JSON object
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -118,7 +119,8 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
     """CPU (``process_time``) per job of what the worker does for ``mode``, alone, per claim
     batch of ``batch`` jobs: metrics, the tally's ``started`` and ``verdicts``; tracing, the
     ``active()`` check and, when spans are made, a consumer span per job started (from a
-    carried context when the producer was sampled, else as a root, as in a drain), made
+    carried context when the job's ``send`` was sampled, else marked as sent unsampled or,
+    before the mark, as a root: as in a drain, each job's send decided at the ratio), made
     current around the handler and ended. The steadier figure on a loaded machine: it does
     not depend on how the scheduler treats a drain, only on the code it times."""
     import time as clock
@@ -137,19 +139,34 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
 
     else:
         provider = producer_provider(value)
-        tracing.use_provider(provider)
-        meta: dict = {}
-        if tracing.active():  # a sampled producer's jobs carry its context (every one at 100 %)
+        carried_meta: dict = {}
+        if value != "noexport":  # a sampled send's context, as its jobs carry it
+            tracing.use_provider(producer_provider("1"))
             with tracing.producer_span("bench") as (_, carrier):
-                meta = {tracing.TRACE_META: carrier} if carrier else {}
-
-        jobs = [SimpleNamespace(queue="bench", job_id=str(i), attempt=1) for i in range(batch)]
-        metas = [meta] * batch
+                carried_meta = {tracing.TRACE_META: dict(carrier)}
+        tracing.use_provider(provider)
+        # The jobs of a drain, each sent by its own send decided at the ratio: exactly that
+        # share carry a sampled send's context (evenly spread), the others were sent unsampled
+        # (a plain JSON job marked so: one trailing space; a worker before the mark ignores
+        # it). A cycle of 25 batches, reused: a small heap, as the worker's batches are.
+        ratio = 0.0 if value == "noexport" else float(value)
+        cycle = 25 * batch
+        carried = round(ratio * cycle)
+        jobs, metas = [], []
+        for i in range(cycle):
+            carries = i * carried // cycle != (i + 1) * carried // cycle
+            payload = b'{"n":1}' if carries else b'{"n":1} '
+            jobs.append(SimpleNamespace(queue="bench", job_id=str(i), attempt=1, payload=payload,
+                                        content_type="json"))  # fmt: skip
+            metas.append(carried_meta if carries else {})
+        batches = itertools.cycle([(jobs[k : k + batch], metas[k : k + batch])
+                                   for k in range(0, cycle, batch)])  # fmt: skip
 
         def handler() -> None:
             return None
 
         def one_batch() -> None:
+            jobs, metas = next(batches)
             if tracing.active():  # as the worker: start, current around the handler, end
                 spans = tracing.start_consumers(jobs, metas, "w")
                 for span in spans:

@@ -58,6 +58,20 @@ def root_bound(sampler: Any) -> int | None:
     return None
 
 
+def drops_unsampled_remote_parent(sampler: Any) -> bool:
+    """True when ``sampler`` (one of the SDK's) drops every span whose remote parent is not
+    sampled: ``ParentBased`` (``ParentBasedTraceIdRatio`` included) with its default
+    ``remote_parent_not_sampled`` (``ALWAYS_OFF``). Then a job marked as sent unsampled
+    (``tracing.marked``) has its attempt dropped, as if its producer's context were carried."""
+    from opentelemetry.sdk.trace import sampling
+
+    if type(sampler) not in (sampling.ParentBased, sampling.ParentBasedTraceIdRatio):
+        return False
+    remote = getattr(sampler, "_remote_parent_not_sampled", None)
+    return (type(remote) is sampling.StaticSampler
+            and getattr(remote, "_decision", None) is sampling.Decision.DROP)  # fmt: skip
+
+
 def for_tracer(tracer: Any, trace: Any) -> Fast | None:
     """The fast path of an SDK ``tracer`` (``trace``: the ``opentelemetry.trace`` module), or
     None when the SDK must decide every span (see the module's docstring)."""
@@ -93,6 +107,10 @@ class Fast:
         # The pieces of ``decide`` for a loop over a claim batch (``tracing.start_consumers``),
         # which binds them once instead of calling ``decide`` per attempt.
         self.bound, self.unsampled, self.enabled = bound, unsampled, tracer._is_enabled
+        # Whether a job marked as sent unsampled is dropped (a ``marked()`` span, no draw).
+        self.drops_marked = drops_unsampled_remote_parent(tracer.sampler)
+        self.marked = marked_class(unsampled, trace, ids.generate_trace_id, ids.generate_span_id,
+                                   trace.TraceFlags(flags))  # fmt: skip
         self.draw, self.redraw = _drawer(ids)
         self._local = handoff.local
 
@@ -207,6 +225,26 @@ def unsampled_class(trace: Any, span_id_of: Any, flags: Any) -> type:
             return context
 
         def __repr__(self) -> str:
-            return f"Unsampled({self.get_span_context()!r})"
+            return f"{type(self).__name__}({self.get_span_context()!r})"
 
     return Unsampled
+
+
+def marked_class(unsampled: type, trace: Any, trace_id_of: Any, span_id_of: Any,
+                 flags: Any) -> type:  # fmt: skip
+    """``Marked``: the dropped attempt of a job sent unsampled (``tracing.marked``), an
+    ``Unsampled`` whose trace id too is drawn (``trace_id_of``) only when its context is first
+    asked for: no decision needs it. Made with no Python ``__init__``: ``Marked()``."""
+
+    class Marked(unsampled):  # type: ignore[valid-type,misc]
+        __init__ = object.__init__  # the C slot: no frame per attempt
+
+        def get_span_context(self) -> Any:
+            context = self.__dict__.get("_context")
+            if context is None:
+                context = trace.SpanContext(trace_id_of(), span_id_of(), is_remote=False,
+                                            trace_flags=flags)  # fmt: skip
+                context = self.__dict__.setdefault("_context", context)  # as Unsampled's
+            return context
+
+    return Marked

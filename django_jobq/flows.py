@@ -25,7 +25,7 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +188,7 @@ def _enqueue_flow(
             parents.setdefault(kid.key, []).append([where(n), n.job_id])
     built = []
     spans: dict[Key, Any] = {}
-    carriers: dict[Key, dict[str, str]] = {}
+    carriers: dict[Key, Mapping[str, str]] = {}
     for n in order:  # every job is validated before the first is stored
         options = dict(n.options)
         meta: dict[str, Any] = dict(options.pop("meta", None) or {})  # task functions' name
@@ -208,7 +208,12 @@ def _enqueue_flow(
                 "due": _own_due(options),
             }
             options["run_at"] = dt.datetime.fromtimestamp(PARKED_MS / 1000, tz=dt.UTC)
-        built.append((n, queues[n.queue].build(n.job_id, n.payload, meta=meta, **options)))
+        if traced and carriers[n.key] is tracing.UNSAMPLED:  # marked as sent unsampled
+            job = queues[n.queue]._build_traced(n.job_id, n.payload, {**options, "meta": meta},
+                                                tracing.UNSAMPLED)  # fmt: skip
+        else:
+            job = queues[n.queue].build(n.job_id, n.payload, meta=meta, **options)
+        built.append((n, job))
     results: dict[Key, EnqueueResult] = {}
     try:
         for n, job in built:

@@ -59,7 +59,7 @@ from .job import (
     ms_to_datetime,
 )
 from .retention import parse_retention
-from .serde import Serde, get_serde
+from .serde import JSONSerde, Serde, get_serde
 from .sharding import (
     configured_shards,
     logical_name,
@@ -358,10 +358,30 @@ class Queue:
         """
         if tracing.active():
             with tracing.producer_span(self.name) as (span, carrier):
-                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                job = self._build_traced(job_id, payload, options, carrier)
                 span.set_attribute("messaging.message.id", job.job_id)
                 return self.submit(job)
         return self.submit(self.build(job_id, payload, **options))
+
+    def _build_traced(self, job_id: str | None, payload: Any, options: dict[str, Any],
+                      carrier: Mapping[str, str]) -> NewJob:  # fmt: skip
+        """``build`` for a traced enqueue: a sampled send's context goes in the envelope; an
+        unsampled send (``tracing.UNSAMPLED``) marks its job, so that a worker under a
+        parent-based sampler drops the attempt instead of sampling it again as a root. The
+        mark costs no envelope: a job that has one anyway says it in its meta, a plain JSON
+        job with one trailing space (``tracing.mark``). A plain job of another serde (a
+        trailing byte would not decode) is left unmarked: its attempt is a root, as before."""
+        if carrier is not tracing.UNSAMPLED:
+            return self.build(job_id, payload, **_with_trace(options, carrier))
+        timeouts = (options.get("timeout"), options.get("hard_timeout"))
+        if options.get("meta") or timeouts != (None, None):  # enveloped anyway (see build)
+            meta = {**(options.get("meta") or {}), tracing.UNSAMPLED_META: True}
+            return self.build(job_id, payload, **{**options, "meta": meta})
+        job = self.build(job_id, payload, **options)
+        if (job.content_type == "json" and type(self.serde) is JSONSerde
+                and len(job.payload) < self.max_payload_bytes):  # fmt: skip
+            job.payload = tracing.mark(job.payload)
+        return job
 
     def submit(self, job: NewJob) -> EnqueueResult:
         """Store a job made by ``build`` the way ``enqueue`` does (journal mode included)."""
@@ -427,7 +447,7 @@ class Queue:
             # once: the commit runs its callbacks after the caller left that span, so a span
             # made then would start a trace of its own. The payload is encoded now, as always.
             with tracing.producer_span(self.name) as (span, carrier):
-                job = self.build(job_id, payload, **_with_trace(options, carrier))
+                job = self._build_traced(job_id, payload, options, carrier)
                 span.set_attributes({"messaging.message.id": job.job_id, "jobq.on_commit": True})
         else:
             job = self.build(job_id, payload, **options)
@@ -464,16 +484,19 @@ class Queue:
         return self._enqueue_many(jobs, {})
 
     def _enqueue_many(
-        self, jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]], trace: dict[str, str]
+        self,
+        jobs: Iterable[Mapping[str, Any] | tuple[str | None, Any]],
+        trace: Mapping[str, str],
     ) -> list[EnqueueResult]:
         built = []
         for item in jobs:
             if isinstance(item, Mapping):
-                spec = _with_trace(dict(item), trace)
-                built.append(self.build(spec.pop("id", None), spec.pop("payload", None), **spec))
+                spec = dict(item)
+                job_id, payload = spec.pop("id", None), spec.pop("payload", None)
+                built.append(self._build_traced(job_id, payload, spec, trace))
             else:
                 job_id, payload = item
-                built.append(self.build(job_id, payload, **_with_trace({}, trace)))
+                built.append(self._build_traced(job_id, payload, {}, trace))
         if not built:
             return []
         stored = self._store_many(built)
@@ -508,7 +531,7 @@ class Queue:
         waited, outcome = False, None
         if tracing.active():
             with tracing.producer_span(self.name) as (span, carrier):
-                job = self.build(job_id, payload, waiter=True, **_with_trace(options, carrier))
+                job = self._build_traced(job_id, payload, {**options, "waiter": True}, carrier)
                 span.set_attribute("messaging.message.id", job.job_id)
                 stored = self._home(job)._store_waited(job)
         elif self.journaled or signals.job_enqueued.receivers:
@@ -1055,7 +1078,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _with_trace(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+def _with_trace(options: dict[str, Any], carrier: Mapping[str, str]) -> dict[str, Any]:
     """``options`` with the trace context added to the job's envelope meta (when there is
     one: an empty carrier leaves the job plain)."""
     if not carrier:

@@ -13,13 +13,19 @@ Unsampled roots (``fastpath.py``): with the SDK's own samplers (``ParentBased`` 
 with no parent is taken here, by the SDK's own rule on a trace id drawn from the SDK's own
 generator; a dropped root is a light non-recording span, and a sampled one is made by the SDK
 with that very trace id, so what is recorded is exactly what the SDK alone would record.
+
+Unsampled sends: a ``send`` span that is not sampled carries no context, but marks its jobs
+(``marked``: a plain JSON job with one trailing space, an enveloped one with ``UNSAMPLED_META``),
+and under ``ParentBased`` with its default ``remote_parent_not_sampled`` their attempts are
+dropped, as the SDK would drop them under the producer's context (docs/observability.md).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from . import fastpath
@@ -30,6 +36,11 @@ SYSTEM = "django_jobq"  # messaging.system
 SCOPE = "django_jobq"  # instrumentation scope of the tracer
 TRACE_META = "trace"  # key of the carrier in an envelope's meta
 LINKS_META = "trace_links"  # a flow parent's links: the carriers of its children's sends
+# The producer's "not sampled" decision: in an envelope's meta when the job has one anyway,
+# else (a plain JSON job) one trailing space after the payload's JSON (``marked``).
+UNSAMPLED_META = "trace_unsampled"
+# What ``producer_span`` yields for an unsampled send: no carrier, but "not sampled" to mark.
+UNSAMPLED: Mapping[str, str] = MappingProxyType({})
 
 _api: Any = None  # opentelemetry modules once imported; False when not installed
 _provider: Any = None  # a provider set by use_provider() (tests, or no global provider)
@@ -122,11 +133,11 @@ def _has_current_parent() -> bool:
 
 
 @contextmanager
-def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, str]]]:
+def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, Mapping[str, str]]]:
     """A ``send <queue>`` PRODUCER span, current while the block runs; yields the span and the
     carrier to put in the jobs' envelopes. The carrier is empty unless the span is sampled:
-    an unsampled enqueue leaves its jobs plain (no envelope to write and decode), and their
-    attempts' spans are then sampled on their own, as roots."""
+    an unsampled enqueue yields ``UNSAMPLED`` (no envelope to write and decode: the jobs are
+    marked, see ``marked``), and a worker under a parent-based sampler drops their attempts."""
     trace = _modules()[0]
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -139,12 +150,14 @@ def producer_span(queue: str, count: int = 1) -> Iterator[tuple[Any, dict[str, s
     span = _start(f"send {queue}", trace.SpanKind.PRODUCER, attributes)
     if not span.is_recording():  # nothing to record an error on, nothing to carry
         with _Current(span):
-            yield span, {}
+            yield span, UNSAMPLED
         return
     with trace.use_span(span, end_on_exit=True):
+        if not span.get_span_context().trace_flags.sampled:  # RECORD_ONLY
+            yield span, UNSAMPLED
+            return
         carrier: dict[str, str] = {}
-        if span.get_span_context().trace_flags.sampled:
-            _modules()[1].inject(carrier)
+        _modules()[1].inject(carrier)
         yield span, carrier
 
 
@@ -168,30 +181,50 @@ def flow_span(queue: str, count: int) -> Iterator[Any]:
         yield span
 
 
-def start_producer(queue: str, job_id: str) -> tuple[Any, dict[str, str]]:
+def start_producer(queue: str, job_id: str) -> tuple[Any, Mapping[str, str]]:
     """Start (not make current) the ``send <queue>`` span of one job of a flow, child of the
-    current span; returns it and the carrier for the job's envelope (empty when unsampled).
-    The caller ends it once the job is stored."""
+    current span; returns it and the carrier for the job's envelope (``UNSAMPLED`` when
+    unsampled). The caller ends it once the job is stored."""
     trace, propagate = _modules()[0], _modules()[1]
     span = _start(
         f"send {queue}", trace.SpanKind.PRODUCER,
         {"messaging.system": SYSTEM, "messaging.operation.type": "send",
          "messaging.destination.name": queue, "messaging.message.id": job_id},
     )  # fmt: skip
+    if not span.get_span_context().trace_flags.sampled:
+        return span, UNSAMPLED
     carrier: dict[str, str] = {}
-    if span.get_span_context().trace_flags.sampled:
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
     return span, carrier
 
 
+def marked(content_type: str, payload: bytes) -> bool:
+    """Whether a plain job was sent by an unsampled ``send``: a JSON payload with one trailing
+    space (``mark``). JSON ignores whitespace, so every worker (an older one included) and
+    every reader of the job decodes the same value; jobq's JSON encoder never writes one."""
+    return content_type == "json" and payload[-1:] == b" "
+
+
+def mark(body: bytes) -> bytes:
+    """A plain JSON job's payload marked as sent unsampled (see ``marked``)."""
+    return body + b" "
+
+
 def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
-                   meta: dict[str, Any]) -> Any:  # fmt: skip
+                   meta: dict[str, Any], unsampled: bool = False) -> Any:  # fmt: skip
     """Start (not make current) the ``process <queue>`` CONSUMER span of one attempt, child of
     the producer's context when the job carries one, else a root (never a child of whatever
-    the calling thread has current: an attempt's parent is its job's ``send``)."""
+    the calling thread has current: an attempt's parent is its job's ``send``). ``unsampled``:
+    a plain job marked as sent unsampled (``marked``); its meta may say so too."""
     api = _api or _modules()  # (per attempt: no call when already imported)
     trace = api[0]
     fast = _tracer_cache[2] if _tracer_cache[1] is not None else _fast()
+    if (fast is not None and fast.drops_marked and (unsampled or UNSAMPLED_META in meta)
+            and TRACE_META not in meta and fast.enabled()):  # fmt: skip
+        # Sent unsampled, and the sampler drops a span whose remote parent is not sampled:
+        # dropped, as the SDK would drop it with the producer's context (no decision to
+        # take: its trace id is drawn only if its context is ever asked for).
+        return fast.marked()
     if not meta and fast is not None:  # a plain job (the hot path): a root, no links
         span = fast.decide()
         if span is not None:  # dropped: nothing more to do
@@ -210,37 +243,47 @@ def start_consumer(queue: str, job_id: str, attempt: int, worker_id: str,
             kind=trace.SpanKind.CONSUMER, links=links,
             attributes=_consumer_attributes(queue, job_id, attempt, worker_id),
         )  # fmt: skip
-    # A root attempt: its sampler decides now (fastpath: without the SDK when it drops). It
-    # sees the attributes that matter for a decision; the rest is set only on a recording
-    # span, so an unsampled attempt costs the sampling decision and little else.
-    attributes = {"messaging.system": SYSTEM, "messaging.destination.name": queue}
+    # A root attempt: its sampler decides now. On the fast path the decision reads the trace
+    # id alone: a dropped one costs no attributes, a sampled one gets them all at the start,
+    # in one dict (half the SDK's cost of setting them afterwards).
     if fast is not None:
-        span = fast.start(f"process {queue}", trace.SpanKind.CONSUMER, attributes, links, api[4])
-    else:
-        span = _tracer().start_span(f"process {queue}", context=api[4],
-                                    kind=trace.SpanKind.CONSUMER, attributes=attributes,
-                                    links=links)  # fmt: skip
+        span = fast.decide()
+        if span is not None:
+            return span
+        attributes = _consumer_attributes(queue, job_id, attempt, worker_id)
+        return fast.sdk(f"process {queue}", trace.SpanKind.CONSUMER, attributes, links, api[4])
+    # Any other sampler sees the attributes that matter for a decision; the rest is set
+    # only on a recording span, so an unsampled attempt costs the decision and little else.
+    attributes = {"messaging.system": SYSTEM, "messaging.destination.name": queue}
+    span = _tracer().start_span(f"process {queue}", context=api[4], kind=trace.SpanKind.CONSUMER,
+                                attributes=attributes, links=links)  # fmt: skip
     return _recording_root(span, queue, job_id, attempt, worker_id)
 
 
 def start_consumers(jobs: Sequence[Any], metas: Sequence[dict[str, Any]],
                     worker_id: str) -> list[Any]:  # fmt: skip
     """``start_consumer`` for each attempt of one claim batch (``jobs``: claimed jobs, with
-    ``queue``, ``job_id`` and ``attempt``; ``metas``: their envelopes' meta), in order: the
-    same spans, drawn in the same order. Why a batch: at 1 % sampling, 99 % of attempts are
+    ``queue``, ``job_id``, ``attempt``, ``content_type`` and ``payload``, which may be marked
+    as sent unsampled, see ``marked``; ``metas``: their envelopes' meta), in order: the same
+    spans, drawn in the same order. Why a batch: at 1 % sampling, 99 % of attempts are
     dropped roots, whose whole cost is the call overhead around one trace id draw; here the
     fast path's pieces are bound once per batch and a dropped root costs one draw, one
     comparison and one light span. (The tracer's enabled flag is read once per batch: a
     tracer configurator that disables it takes effect from the next claim.)"""
     fast = _fast()
     if fast is None or not fast.enabled():
-        return [start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta)
+        return [start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta,
+                               marked(c.content_type, c.payload))
                 for c, meta in zip(jobs, metas, strict=True)]  # fmt: skip
     draw, redraw, bound, unsampled = fast.draw, fast.redraw, fast.bound, fast.unsampled
+    sent_unsampled = fast.marked if fast.drops_marked else None
     spans = []
     for c, meta in zip(jobs, metas, strict=True):
         if meta:  # a carried context, links or other settings: the general path
             spans.append(start_consumer(c.queue, c.job_id, c.attempt, worker_id, meta))
+            continue
+        if sent_unsampled is not None and c.payload[-1:] == b" " and c.content_type == "json":
+            spans.append(sent_unsampled())  # dropped, nothing drawn (see ``marked``)
             continue
         trace_id = draw() or redraw()
         if trace_id & fastpath.LIMIT >= bound:  # dropped (the sampler's own rule)
@@ -323,7 +366,7 @@ def attach(span: Any) -> Any:
     parent-based samplers its handler's spans are then dropped with it, instead of starting
     traces of their own. (Two plain calls rather than a context manager: this runs per
     attempt, and a generator-based one cost as much again.)"""
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         api = _api
         return api[2].attach(api[0].set_span_in_context(span))
@@ -335,7 +378,7 @@ def attach(span: Any) -> Any:
 def call_in(span: Any, func: Callable[..., Any], *args: Any) -> Any:
     """``func(*args)`` with ``span`` current: ``attach``, the call, ``detach``, in one frame
     (the worker runs each traced attempt's handler through it)."""
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         api = _api
         token = api[2].attach(api[0].set_span_in_context(span))
@@ -357,7 +400,7 @@ def call_in(span: Any, func: Callable[..., Any], *args: Any) -> Any:
 
 
 def detach(token: Any) -> None:
-    var = _var if _var != () else _context_var()
+    var = _var if _var is not _UNSET else _context_var()
     if var is None:
         _api[2].detach(token)
     else:
@@ -366,7 +409,8 @@ def detach(token: Any) -> None:
 
 _SPAN_KEY: Any = None
 _Context: Any = None
-_var: Any = ()  # the API's context variable; None when it keeps the context elsewhere
+_UNSET: Any = object()
+_var: Any = _UNSET  # the API's context variable; None when it keeps the context elsewhere
 
 
 def _context_var() -> Any:
@@ -375,7 +419,7 @@ def _context_var() -> Any:
     ``attach(set_span_in_context(span))`` does, at a third of the calls. None for any other
     runtime context (``OTEL_PYTHON_CONTEXT``): then the API's own calls are used."""
     global _var, _SPAN_KEY, _Context
-    if _var != ():
+    if _var is not _UNSET:
         return _var
     from opentelemetry import context
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext

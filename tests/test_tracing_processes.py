@@ -143,3 +143,55 @@ def test_enqueue_on_commit_carries_the_context_of_the_call_not_of_the_commit(
     (attempt,) = worker_spans(exported)
     assert attempt["trace_id"] == request.get_span_context().trace_id
     assert attempt["parent_id"] == send.context.span_id
+
+
+def test_a_job_sent_unsampled_is_dropped_by_a_real_worker_and_reads_the_same(
+    redis_client, redis_prefix, tmp_path
+):
+    """A producer whose sampler drops its ``send`` spans marks the jobs (a plain JSON job:
+    one trailing space; a job with an envelope: its meta); a real ``runworker`` under
+    ``ParentBased(TraceIdRatioBased(0.999999))`` (its roots all but always sampled) drops
+    their attempts, while a plain job of an untraced producer is recorded as a root. The
+    handler sees the payload it was sent, mark or not."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    exported = tmp_path / "spans.jsonl"
+    spawn = Spawner(tmp_path, {"JOBQ_TEST_PREFIX": redis_prefix,
+                               "JOBQ_TEST_SQLITE": str(tmp_path / "sub.sqlite3"),
+                               "JOBQ_TEST_OTEL_LOG": str(exported),
+                               "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                               "OTEL_TRACES_SAMPLER_ARG": "0.999999"})  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix)
+    echo = Queue("tests-echo", storage=storage)
+    dropping = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    dropping.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    tracing.use_provider(dropping)
+    try:
+        assert tracing.active()
+        echo.enqueue("un1", {"n": 1})
+        echo.enqueue_many([("un2", [1, "a"]), {"id": "un3", "payload": "x", "timeout": 30}])
+        echo.enqueue("un4", {"n": 4}, timeout=30)
+    finally:
+        tracing.use_provider(None)
+    echo.enqueue("plain1", {"n": 5})  # not traced here: unmarked, a root in the worker
+    records = {j: storage.get_record("tests-echo", j) for j in ("un1", "un2", "un3", "un4")}
+    assert records["un1"].payload == b'{"n":1} ' and records["un1"].content_type == "json"
+    assert records["un2"].payload.endswith(b" ")
+    for job_id in ("un3", "un4"):
+        assert records[job_id].content_type == "json+env"
+        assert json.loads(records[job_id].payload)["meta"][tracing.UNSAMPLED_META] is True
+    try:
+        spawn("runworker", "tests-echo", log="worker")
+        ids = ("un1", "un2", "un3", "un4", "plain1")
+        done = lambda: all(getattr(echo.get_result(j), "ok", False) for j in ids)  # noqa: E731
+        assert wait_until(done, 60)
+        assert wait_until(lambda: len(worker_spans(exported)) >= 1, 20)
+    finally:
+        spawn.stop_all()
+    assert [echo.get_result(j).value["echo"] for j in ids] == [  # type: ignore[union-attr]
+        {"n": 1}, [1, "a"], "x", {"n": 4}, {"n": 5}
+    ]  # fmt: skip
+    spans = worker_spans(exported)  # the worker has stopped: every span it ended is here
+    assert [(s["attributes"]["messaging.message.id"], s["parent_id"]) for s in spans] == [
+        ("plain1", None)
+    ]

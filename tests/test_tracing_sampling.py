@@ -272,18 +272,53 @@ def test_every_recorded_span_has_its_parent_and_a_dropped_root_records_nothing(
 # -- a claim batch at once (tracing.start_consumers), as the worker starts its attempts --------
 
 
-@settings(max_examples=60, deadline=None)
+# How a claimed job came: plain (its send not traced), carrying a sampled send's context, or
+# marked as sent unsampled (a plain JSON job: one trailing space; an enveloped one: its meta).
+KINDS = ["plain", "carried", "marked", "marked-meta", "plain-meta", "msgpack"]
+
+
+def claimed(kinds: list[str], carrier: dict) -> tuple[list[SimpleNamespace], list[dict]]:
+    jobs, metas = [], []
+    for i, kind in enumerate(kinds):
+        payload, content_type, meta = b'{"n":1}', "json", {}
+        if kind == "marked":
+            payload = tracing.mark(payload)
+        elif kind == "msgpack":  # never marked; a trailing space is not a mark there
+            payload, content_type = b"\x81\xa1n\x01 ", "msgpack"
+        elif kind != "plain":  # enveloped: the meta was decoded by the worker
+            payload, content_type = b'{"payload":1,"meta":{}}', "json+env"
+            meta = {"carried": {tracing.TRACE_META: carrier},
+                    "marked-meta": {tracing.UNSAMPLED_META: True, "timeout": 5.0},
+                    "plain-meta": {"timeout": 5.0}}[kind]  # fmt: skip
+        jobs.append(SimpleNamespace(queue="q", job_id=f"j{i}", attempt=i + 1, payload=payload,
+                                    content_type=content_type))  # fmt: skip
+        metas.append(meta)
+    return jobs, metas
+
+
+SAMPLERS = {
+    "parent-based": lambda rate: ParentBased(TraceIdRatioBased(rate)),
+    # A parent-based sampler that samples under an unsampled remote parent: marks ignored.
+    "keeps-unsampled-remote": lambda rate: ParentBased(
+        TraceIdRatioBased(rate), remote_parent_not_sampled=ALWAYS_ON
+    ),
+    "bare-ratio": TraceIdRatioBased,  # not parent-based: marks ignored
+}
+
+
+@settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32), rate=st.sampled_from(RATES),
-       carried=st.lists(st.booleans(), min_size=1, max_size=40))  # fmt: skip
-def test_a_claim_batch_gets_the_spans_of_one_attempt_at_a_time(seed, rate, carried):
-    """``start_consumers`` over a batch (plain jobs and jobs carrying a sampled producer's
-    context, mixed) draws the same ids, takes the same decisions and exports the same spans,
-    with the same attributes, as ``start_consumer`` called for each attempt in turn."""
-    one, one_spans = provider(ParentBased(TraceIdRatioBased(rate)), seed)
-    many, many_spans = provider(ParentBased(TraceIdRatioBased(rate)), seed)
+       sampler=st.sampled_from(sorted(SAMPLERS)),
+       kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=40))  # fmt: skip
+def test_a_claim_batch_gets_the_spans_of_one_attempt_at_a_time(seed, rate, sampler, kinds):
+    """``start_consumers`` over a batch (plain jobs, jobs carrying a sampled producer's
+    context, jobs marked as sent unsampled, mixed) draws the same ids, takes the same
+    decisions and exports the same spans, with the same attributes, as ``start_consumer``
+    called for each attempt in turn."""
+    one, one_spans = provider(SAMPLERS[sampler](rate), seed)
+    many, many_spans = provider(SAMPLERS[sampler](rate), seed)
     carrier = {"traceparent": f"00-{seed + 1:032x}-{seed + 1:016x}-01"}
-    jobs = [SimpleNamespace(queue="q", job_id=f"j{i}", attempt=i + 1) for i in range(len(carried))]
-    metas = [{tracing.TRACE_META: carrier} if c else {} for c in carried]
+    jobs, metas = claimed(kinds, carrier)
 
     def batch(made, start):
         tracing.use_provider(made)
@@ -292,10 +327,17 @@ def test_a_claim_batch_gets_the_spans_of_one_attempt_at_a_time(seed, rate, carri
             tracing.end_consumer(span, "completed", None)
         return [decided(span) for span in spans]
 
-    expected = batch(one, lambda: [tracing.start_consumer(j.queue, j.job_id, j.attempt, "w", m)
-                                   for j, m in zip(jobs, metas, strict=True)])  # fmt: skip
+    expected = batch(one, lambda: [
+        tracing.start_consumer(j.queue, j.job_id, j.attempt, "w", m,
+                               tracing.marked(j.content_type, j.payload))
+        for j, m in zip(jobs, metas, strict=True)])  # fmt: skip
     got = batch(many, lambda: tracing.start_consumers(jobs, metas, "w"))
     assert got == expected
+    if sampler == "parent-based" and rate < 1:  # a marked job's attempt is dropped, whatever
+        # its draw (at 1.0 the SDK makes every span: no fast path, marks not read)
+        for kind, span in zip(kinds, got, strict=True):
+            if kind in ("marked", "marked-meta"):
+                assert not span[3] and not span[2] & 1
     exported = lambda spans: [(s.name, s.context.span_id, s.parent, dict(s.attributes))  # noqa: E731
                               for s in spans.get_finished_spans()]  # fmt: skip
     assert exported(many_spans) == exported(one_spans)
@@ -338,3 +380,80 @@ def test_call_in_makes_the_span_current_for_the_call_only():
     with tracing._tracer().start_as_current_span("outer") as outer:  # something current: kept
         assert tracing.call_in(span, lambda: trace.get_current_span()) is span
         assert trace.get_current_span() is outer
+
+
+# -- the producer's "not sampled" mark --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sampler", "drops"),
+    [
+        (ParentBased(TraceIdRatioBased(0.01)), True),
+        (ParentBasedTraceIdRatio(0.01), True),
+        (ParentBased(ALWAYS_OFF), True),
+        (ParentBased(TraceIdRatioBased(0.01), remote_parent_not_sampled=ALWAYS_ON), False),
+        (TraceIdRatioBased(0.01), False),  # not parent-based: a parent's decision not asked
+        (ALWAYS_OFF, False),
+    ],
+)
+def test_a_mark_is_read_only_under_samplers_that_drop_an_unsampled_remote_parent(sampler, drops):
+    assert fastpath.drops_unsampled_remote_parent(sampler) is drops
+
+
+def test_unsampled_sends_mark_their_jobs_and_sampled_ones_carry_their_context(live_storage):
+    from django_jobq.flows import enqueue_flow, node
+
+    made, _ = provider(ParentBased(ALWAYS_OFF), 5)
+    tracing.use_provider(made)
+    plain = Queue("marks", storage=live_storage)
+    packed = Queue("marks-mp", storage=live_storage, serde="msgpack")
+    plain.enqueue("m1", {"a": 1})
+    packed.enqueue("m2", {"a": 1})  # a trailing byte would not decode: left unmarked
+    packed.enqueue("m3", {"a": 1}, timeout=9)  # an envelope anyway: the meta says it
+    enqueue_flow(node("marks", "fp", {}, children=[node("marks", "fk", {})]),
+                 storage=live_storage)  # fmt: skip
+    record = lambda q, j: live_storage.get_record(q, j)  # noqa: E731
+    assert tracing.marked("json", record("marks", "m1").payload)
+    assert plain.serde.loads(record("marks", "m1").payload) == {"a": 1}
+    assert record("marks-mp", "m2").payload == packed.serde.dumps({"a": 1})
+    assert not tracing.marked("msgpack", record("marks-mp", "m2").payload)
+    m3 = packed.serde.loads(record("marks-mp", "m3").payload)["meta"]
+    assert m3 == {tracing.UNSAMPLED_META: True, "timeout": 9.0}
+    for job_id in ("fp", "fk"):  # a flow's jobs have envelopes (flow, parents)
+        meta = plain.serde.loads(record("marks", job_id).payload)["meta"]
+        assert meta[tracing.UNSAMPLED_META] is True and tracing.TRACE_META not in meta
+    sampling, _ = provider(ParentBased(ALWAYS_ON), 5)
+    tracing.use_provider(sampling)
+    plain.enqueue("s1", {"a": 1})
+    s1 = record("marks", "s1")
+    assert s1.content_type == "json+env"
+    meta = plain.serde.loads(s1.payload)["meta"]
+    assert set(meta) == {tracing.TRACE_META}
+
+
+def test_a_marked_attempt_draws_its_ids_only_when_asked_and_parents_its_handlers_spans():
+    """A job sent unsampled: its attempt is dropped without a draw (the generator's stream
+    is untouched until its context is asked for), and made current it still parents the
+    handler's spans, which are dropped with it."""
+    made, spans = provider(ParentBased(TraceIdRatioBased(1 - 1e-9)), 11)
+    tracing.use_provider(made)
+    ids = made.id_generator
+    before = ids._traces.getstate()
+    job = SimpleNamespace(queue="q", job_id="j", attempt=1, payload=tracing.mark(b"{}"),
+                          content_type="json")  # fmt: skip
+    (span,) = tracing.start_consumers([job], [{}], "w")
+    assert not span.is_recording() and ids._traces.getstate() == before
+    assert "_context" not in span.__dict__
+
+    def handler():
+        with tracing._tracer().start_as_current_span("inside") as inner:
+            return inner
+
+    inner = tracing.call_in(span, handler)
+    context = span.get_span_context()
+    assert context.is_valid and not context.trace_flags.sampled
+    assert span.get_span_context() is context
+    assert not inner.is_recording()
+    assert inner.get_span_context().trace_id == context.trace_id
+    tracing.end_consumer(span, "completed", None)
+    assert spans.get_finished_spans() == ()
