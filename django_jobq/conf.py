@@ -264,6 +264,14 @@ def configured_shards(queue: str) -> int:
     return shards(queue)
 
 
+def prepare_problem(value: Any) -> str | None:
+    """What is wrong with a ``DATABASE_PREPARE`` value (None: nothing). Not 1 or 0, which
+    would read as psycopg's threshold: only "auto", True or False."""
+    if value == "auto" or isinstance(value, bool):
+        return None
+    return f"{value!r}: use 'auto', True or False"
+
+
 def check_settings() -> list[str]:
     """Problems with JOBQ, as messages (used by the system check and at storage build)."""
     from .retention import configured_retention
@@ -290,9 +298,8 @@ def check_settings() -> list[str]:
                 f"JOBQ['DATABASE_ALIAS'] {alias!r}: the database backend supports SQLite and "
                 "PostgreSQL"
             )
-    prepare = conf["DATABASE_PREPARE"]
-    if not (prepare == "auto" or isinstance(prepare, bool)):  # not 1 or 0: a threshold?
-        problems.append(f"JOBQ['DATABASE_PREPARE'] {prepare!r}: use 'auto', True or False")
+    if (problem := prepare_problem(conf["DATABASE_PREPARE"])) is not None:
+        problems.append(f"JOBQ['DATABASE_PREPARE'] {problem}")
     if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
         url = conf["REDIS_URL"]
         from .storage.redis.cluster import CLUSTER_SCHEMES, check_cluster_url
