@@ -184,6 +184,9 @@ def test_a_job_never_starts_before_it_was_created_nor_finishes_before_it_started
     assert storage.complete(Q, "early", c.token, b"1") is AckOutcome.COMPLETED
     rec = storage.get_record(Q, "early")
     assert rec.created_at <= rec.started_at <= rec.finished_at
+    # The events say the same times as the row.
+    at = {e.kind: e.at for e in storage.read_events(Q) if e.job_id == "early"}
+    assert (at["active"], at["completed"]) == (rec.started_at, rec.finished_at)
 
 
 def test_claim_on_an_empty_queue_is_empty(storage):

@@ -340,8 +340,13 @@ class ClaimAck(Enqueue):
     ) -> list[ClaimedJob]:
         """The claimed rows as jobs, in claim order; their events too unless ``logged``."""
         rows.sort(key=lambda r: (r[9], r[10], r[0]))  # RETURNING has no order: claim order
-        if not logged:
-            self._events([(r[0], queue, r[1]) for r in rows], "active", now, worker_id)
+        if not logged:  # each at its row's start: now, or a later creation (``_greatest``)
+            starts: dict[int, list[tuple[int, str, str]]] = {}
+            for r in rows:
+                at = max(now, _raw_ms(r[12]) or now)
+                starts.setdefault(at, []).append((r[0], queue, r[1]))
+            for at, items in starts.items():
+                self._events(items, "active", at, worker_id)
         # The wait (metrics: jobq_job_wait_seconds) runs from enqueue, or from the due time
         # when that is later (a delayed job, a retry), to this claim, by the storage's clock.
         return [
@@ -491,6 +496,7 @@ class ClaimAck(Enqueue):
             row = self._take_lease(queue, job_id, token, result=result)
             if row is None:
                 return AckOutcome.LEASE_LOST
+            now = self._after_start(row, now)
             self._jobs().filter(pk=row["id"]).update(
                 **self._finish_fields(row, JobState.COMPLETED, now)
             )
@@ -527,6 +533,7 @@ class ClaimAck(Enqueue):
             row = self._take_lease(queue, job_id, token, error=_storable_json(error, self.vendor))
             if row is None:
                 return AckOutcome.LEASE_LOST
+            now = self._after_start(row, now)
             if permanent or row["attempts"] >= row["max_attempts"]:
                 fields = self._finish_fields(row, final, now)
                 self._jobs().filter(pk=row["id"]).update(**fields)
@@ -622,9 +629,10 @@ class ClaimAck(Enqueue):
             "finished_at = GREATEST(%s, j.started_at), "
             "expires_at = %s + j.result_ttl * interval '1 millisecond', "
             "lease_deadline = NULL, waiters = 0 FROM old WHERE j.id = old.id "
-            "RETURNING j.id, j.job_id, j.token, j.worker, old.waiters, old.result, j.result_ttl), "
+            "RETURNING j.id, j.job_id, j.token, j.worker, old.waiters, old.result, j.result_ttl, "
+            "j.finished_at), "
             f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
-            "stream_id) SELECT id, %s, 'completed', %s, worker, '' FROM done), "
+            "stream_id) SELECT id, %s, 'completed', finished_at, worker, '' FROM done), "
             # The waiters' signal: the row, its expiry and its result ride along when they
             # fit well inside NOTIFY's 8,000-byte payload (the waiter then needs no read).
             # MATERIALIZED: built once per row; inlined, each of the two mentions of ``msg``
@@ -638,7 +646,7 @@ class ClaimAck(Enqueue):
             "CASE WHEN s.waiters > 0 THEN pg_notify(%s, s.msg) END, "
             f"(SELECT c.concurrency FROM {self._quoted(self.QueueConfig)} c WHERE c.name = %s) "
             "FROM said s",
-            [*head_params, at, at, queue, at, queue, CARRIED_RESULT, now, CHANNEL, queue],
+            [*head_params, at, at, queue, queue, CARRIED_RESULT, now, CHANNEL, queue],
         )  # fmt: skip
         said = [r[2] for r in rows if r[2] is not None]
         if said:  # this process's waiters (others get the NOTIFY)

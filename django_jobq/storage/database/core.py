@@ -153,14 +153,14 @@ class DatabaseCore(Storage):
         poll_interval: float = 0.01,
         prepare: bool | str | None = None,
     ) -> None:
-        from ...conf import jobq_settings
+        from ...conf import jobq_settings, prepare_problem
         from ...models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
         from ...models import FailureCall as FailureCallRow
 
         if prepare is None:
             prepare = jobq_settings()["DATABASE_PREPARE"]
-        if not (prepare == "auto" or isinstance(prepare, bool)):
-            raise ConfigurationError(f"prepare {prepare!r}: use 'auto', True or False")
+        if (problem := prepare_problem(prepare)) is not None:
+            raise ConfigurationError(f"prepare {problem}")
         self.using = using
         # PostgreSQL: whether the hot statements are prepared (``BulkInsert._pg_sql``).
         self.prepare: bool | str = prepare
@@ -262,12 +262,17 @@ class DatabaseCore(Storage):
             cursor.execute(query, params)
             return [list(r) for r in cursor.fetchall()] if fetch else []
 
+    @staticmethod
+    def _after_start(row: Any, now: int) -> int:
+        """A verdict's time: ``now``, or the run's start when that is later (``_greatest``
+        says why the clocks may disagree). One stamp for the row and its event."""
+        started = row.get("started_at")
+        return now if started is None else max(now, _ms(started))
+
     def _finish_fields(self, row: Any, state: JobState, now: int) -> dict[str, Any]:
-        started = row.get("started_at") if isinstance(row, dict) else None
         return {
             "state": state,
-            # Never before the start (``_greatest`` says why the clocks may disagree).
-            "finished_at": _dt(now if started is None else max(now, _ms(started))),
+            "finished_at": _dt(now),
             "expires_at": _dt(now + row["result_ttl"]),
             "lease_deadline": None,
             "waiters": 0,
