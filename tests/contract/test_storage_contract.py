@@ -187,6 +187,18 @@ def test_a_job_never_starts_before_it_was_created_nor_finishes_before_it_started
     # The events say the same times as the row.
     at = {e.kind: e.at for e in storage.read_events(Q) if e.job_id == "early"}
     assert (at["active"], at["completed"]) == (rec.started_at, rec.finished_at)
+    # The same through a worker's batch of verdicts (``ack_many``).
+    storage.enqueue(Q, job("batched"))
+    clock.advance(-50)
+    c = claim_one(storage)
+    clock.advance(-50)
+    assert storage.ack_many(Q, [Ack("complete", "batched", c.token, b"1")]) == [
+        AckOutcome.COMPLETED
+    ]
+    rec = storage.get_record(Q, "batched")
+    assert rec.created_at <= rec.started_at <= rec.finished_at
+    at = {e.kind: e.at for e in storage.read_events(Q) if e.job_id == "batched"}
+    assert (at["active"], at["completed"]) == (rec.started_at, rec.finished_at)
 
 
 def test_claim_on_an_empty_queue_is_empty(storage):

@@ -667,8 +667,9 @@ class ClaimAck(Enqueue):
         for chunk in _chunks(ids):
             marks = ", ".join(["%s"] * len(chunk))
             for row in self._sql(
-                "SELECT id, job_id, state, token, result_ttl, waiters, worker, has_successor "
-                f"FROM {self._table} WHERE queue = %s AND job_id IN ({marks}){self._for_update}",
+                "SELECT id, job_id, state, token, result_ttl, waiters, worker, has_successor, "
+                f"started_at FROM {self._table} WHERE queue = %s AND job_id IN ({marks})"
+                f"{self._for_update}",
                 [queue, *chunk],
             ):
                 rows[row[1]] = row
@@ -676,6 +677,7 @@ class ClaimAck(Enqueue):
         changed: list[Sequence[Any]] = []
         updates: list[tuple[Any, ...]] = []
         finished = self._param_dt(now)
+        by_stamp: dict[tuple[str, int], list[tuple[int, str, str]]] = {}  # (worker, at): events
         for ack in acks:
             if (ack.job_id, ack.token) in out:  # a repeat: ack_many answers it
                 continue
@@ -684,22 +686,22 @@ class ClaimAck(Enqueue):
                 out[(ack.job_id, ack.token)] = AckOutcome.LEASE_LOST
                 continue
             changed.append(row)
-            updates.append((ack.body, finished, self._param_dt(now + row[4]), row[0]))
+            # Started later by this clock (``_greatest``): finished then, not before.
+            at = max(now, _raw_ms(row[8]) or now)
+            stamp = finished if at == now else self._param_dt(at)
+            updates.append((ack.body, stamp, self._param_dt(now + row[4]), row[0]))
+            by_stamp.setdefault((row[6], at), []).append((row[0], queue, row[1]))
             out[(ack.job_id, ack.token)] = AckOutcome.COMPLETED
         if not changed:
             return out
         with connections[self.using].cursor() as cursor:
             cursor.executemany(
-                f"UPDATE {self._table} SET state = 'completed', result = %s, "
-                f"finished_at = {self._greatest}(%s, started_at), "
+                f"UPDATE {self._table} SET state = 'completed', result = %s, finished_at = %s, "
                 "expires_at = %s, lease_deadline = NULL, waiters = 0 WHERE id = %s",
                 updates,
             )
-        by_worker: dict[str, list[tuple[int, str, str]]] = {}
-        for row in changed:
-            by_worker.setdefault(row[6], []).append((row[0], queue, row[1]))
-        for worker, items in by_worker.items():
-            self._events(items, "completed", now, worker)
+        for (worker, at), items in by_stamp.items():
+            self._events(items, "completed", at, worker)
         for row in changed:
             if row[5]:
                 self._signal(f"d {queue} {row[1]}")
