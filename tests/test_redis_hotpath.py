@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import select
+import threading
 
 import pytest
 from django.conf import settings as django_settings
@@ -20,6 +21,7 @@ from django_jobq import Queue
 from django_jobq.job import AckOutcome, EnqueueOutcome, JobOptions, NewJob
 from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
+from django_jobq.storage.redis import scripts as scripts_mod
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.scripts import SHAS
 from django_jobq.storage.redis.storage import RedisStorage
@@ -360,3 +362,83 @@ def test_enqueue_one_gives_what_enqueue_gives_for_a_plain_job(redis_client, redi
                 redis_client.hget(s.keys(Q).job(job_id), "waiters") for s in (packed, ordinary)
             ]
             assert waiters[0] == waiters[1]
+
+
+# -- request/response and the idle wait on kept connections ---------------------------------
+
+
+def _serve(storage: RedisStorage, jobs: int) -> tuple[threading.Thread, list[str]]:
+    """A worker loop on the storage calls alone: claim on wake-up, answer with the job's id."""
+    served: list[str] = []
+
+    def run() -> None:
+        while len(served) < jobs:
+            batch = storage.wait_and_claim(Q, "w1", 1, 30_000, 1.0)
+            for claimed in batch.jobs if batch is not None else []:
+                body = b'"%s"' % claimed.job_id.encode()
+                storage.ack_many(Q, [Ack("complete", claimed.job_id, claimed.token, body)])
+                served.append(claimed.job_id)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, served
+
+
+def _ask(storage: RedisStorage, job_id: str) -> object:
+    job = NewJob(job_id, b"{}", JobOptions(), None, 0, "json", True)
+    stored, outcome = storage.enqueue_and_wait(Q, job, 30)
+    assert stored.outcome is EnqueueOutcome.QUEUED and outcome is not None, (stored, outcome)
+    return outcome.result
+
+
+def test_request_responses_and_idle_waits_take_no_connection_from_the_pool_once_warm(
+    storage, redis_client
+):
+    """The caller's enqueue-and-BLPOP, the worker's BLPOP-and-claim and its verdict each
+    reuse a kept connection (``Scripts.take``/``give``) instead of the pool's get/release
+    (the pool's lock, counters, events and socket poll on every call); the pool never lends
+    more than the ones kept and the one of each call in flight."""
+    pool = redis_client.connection_pool
+    thread, served = _serve(storage, 40)
+    for i in range(10):  # warm: the kept connections are taken from the pool once
+        assert _ask(storage, f"warm-{i}") == f'"warm-{i}"'.encode()
+    taken: list[int] = []
+    real_get = pool.get_connection
+
+    def counting_get(*args, **kwargs):
+        taken.append(1)
+        return real_get(*args, **kwargs)
+
+    pool.get_connection = counting_get
+    try:
+        for i in range(30):
+            assert _ask(storage, f"job-{i}") == f'"job-{i}"'.encode()
+    finally:
+        del pool.get_connection
+    thread.join(30)
+    assert served[-30:] == [f"job-{i}" for i in range(30)]
+    assert len(taken) == 0, f"{len(taken)} connections taken from the pool in 30 round trips"
+    assert len(pool._in_use_connections) <= scripts_mod.KEEP_CONNECTIONS + 1
+
+
+def test_request_response_and_idle_wait_on_kept_connections_the_server_closed(
+    storage, redis_client
+):
+    """Every kept connection closed by the server while it waited (an idle timeout, CLIENT
+    KILL): the next request/response still gets its own result, its job is stored and run
+    once, and the worker's next wait claims on a fresh connection."""
+    thread, served = _serve(storage, 3)
+    assert _ask(storage, "first") == b'"first"'
+    assert wait_until(lambda: len(storage.scripts._kept.conns) >= 1)
+    # The worker is parked in its next wait on one kept connection; the others are idle.
+    for ref in list(storage.scripts._kept.conns):
+        conn = ref()
+        if conn is not None:
+            _kill(conn)
+    assert _ask(storage, "second") == b'"second"'
+    assert _ask(storage, "third") == b'"third"'
+    thread.join(30)
+    assert served == ["first", "second", "third"]
+    for job_id in served:
+        record = storage.get_record(Q, job_id)
+        assert record.state is JobState.COMPLETED and record.attempts == 1

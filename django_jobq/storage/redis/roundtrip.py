@@ -17,7 +17,7 @@ a job that is not plain (``RedisStorage._packed_one``), or scripts flushed from 
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,8 @@ def enqueue_and_wait(
         return None
     deadline = time.monotonic() + timeout
     wait = min(timeout, MAX_BLOCK_SECONDS)
-    conn = pooled_connection(pool, "EVALSHA")
+    scripts = storage.scripts
+    conn = scripts.take(pool)  # given back below after its last reply, or disconnected
     try:
         conn.send_packed_command([packed, *conn.pack_command("BLPOP", storage.keys(queue).done(
             job.job_id), wait)])  # fmt: skip
@@ -88,7 +89,7 @@ def enqueue_and_wait(
         conn.disconnect()  # a reply may be left unread: never reuse this connection
         raise
     finally:
-        pool.release(conn)
+        scripts.give(pool, conn)
     if popped:
         return stored, outcome(popped[1])
     return stored, storage._outcome_by(queue, job.job_id, deadline)
@@ -105,8 +106,10 @@ def wait_and_claim(
         storage.wait_for_jobs([queue], timeout, worker_id)
         return None
     timeout = min(max(timeout, 0.001), MAX_BLOCK_SECONDS)  # BLPOP 0 would block for ever
+    scripts = storage.scripts
     for attempt in (1, 2):
-        conn = pooled_connection(pool, "BLPOP")
+        # A kept connection first (see Scripts.take), a fresh one from the pool if it failed.
+        conn = scripts.take(pool) if attempt == 1 else pooled_connection(pool, "BLPOP")
         try:
             head = wait_head(storage, conn, queue, worker_id, count, lease_ms, timeout)
             nonce = b"%d" % token_nonce()
@@ -125,13 +128,17 @@ def wait_and_claim(
             conn.disconnect()
             raise
         finally:
-            pool.release(conn)
+            scripts.give(pool, conn)
     return storage._parse_claim(queue, raw)
 
 
 def token_nonce() -> int:
-    """The claim's fencing-token nonce (``claim.lua``'s ARGV[8]): drawn per call, never kept."""
-    return secrets.randbelow(1000)
+    """The claim's fencing-token nonce (``claim.lua``'s ARGV[8]): drawn per call, never kept.
+    From ``random``, not ``secrets``: it only has to differ between two claims in the same
+    microsecond of the server's clock (includes/common.lua), not be unguessable, and the
+    system's generator costs a system call per draw on the idle worker's path. ``random``
+    reseeds itself in a forked child, so forked workers do not draw the same nonces."""
+    return random.randrange(1000)  # noqa: S311 - a tie-breaker, not a secret
 
 
 def wait_head(

@@ -43,21 +43,26 @@ SHAS: dict[str, str] = {
     for name, src in SOURCES.items()
 }
 
-# A pool this large or larger lends ``call_packed`` a connection it keeps between calls (see
-# ``Scripts._take``); a smaller one is left alone, where one connection held back could make
-# another caller wait for one (``BlockingConnectionPool``) or fail ("Too many connections").
+# A pool this large or larger lends the hot single-job paths connections it keeps between
+# calls (see ``Scripts.take``); a smaller one is left alone, where connections held back could
+# make another caller wait for one (``BlockingConnectionPool``) or fail ("Too many
+# connections").
 KEEP_CONNECTION_MIN_POOL = 64
+# At most this many per pool. One per hot path that can be in flight at once in a process
+# (a worker: the idle wait on one handler thread while another sends its verdict; a web
+# process: a few request/responses at a time); more go back to the pool as before.
+KEEP_CONNECTIONS = 4
 
 
 class _Kept:
-    """The connection a pool lends ``call_packed`` between calls (see ``Scripts._take``)."""
+    """The connections a pool lends the hot paths between calls (see ``Scripts.take``)."""
 
     __slots__ = ("conns", "pid")
 
     def __init__(self) -> None:
         # Weak: the pool holds its in-use connections, and a connection holds its pool
         # (redis-py's maintenance handler); a strong reference here would keep both forever.
-        self.conns: list[weakref.ref[Any]] = []  # one, or two if two threads gave one back
+        self.conns: list[weakref.ref[Any]] = []  # at most KEEP_CONNECTIONS
         self.pid = os.getpid()
 
 
@@ -126,7 +131,7 @@ class Scripts:
         if pool is None:
             return self.call(name, *arguments())
         try:
-            conn = self._take(pool)
+            conn = self.take(pool)
         except ConnectionError:  # refused: the client's path retries it with its backoff
             return self.call(name, *arguments())
         try:
@@ -142,11 +147,13 @@ class Scripts:
             conn.disconnect()
             raise
         finally:
-            self._give(pool, conn)
+            self.give(pool, conn)
         return self.call(name, *arguments())
 
-    def _take(self, pool: Any) -> Any:
-        """A connection for ``call_packed``: the one kept from the last call, else the pool's.
+    def take(self, pool: Any) -> Any:
+        """A connection for a hot path (``call_packed``, ``roundtrip``'s request/response and
+        idle wait): one kept from an earlier call, else the pool's. Give it back with ``give``
+        only after its last reply was read in full (or after ``disconnect``).
 
         Why keep one: taking a connection from redis-py 8's pool and giving it back (its lock,
         four observability counters, a release event and a ``poll`` of the socket for unread
@@ -170,9 +177,9 @@ class Scripts:
                 kept.pid = os.getpid()
         return pooled_connection(pool, "EVALSHA")
 
-    def _give(self, pool: Any, conn: Any) -> None:
+    def give(self, pool: Any, conn: Any) -> None:
         kept = self._kept
-        if kept is not None and not kept.conns and kept.pid == os.getpid():
+        if kept is not None and len(kept.conns) < KEEP_CONNECTIONS and kept.pid == os.getpid():
             kept.conns.append(weakref.ref(conn))
         else:
             pool.release(conn)

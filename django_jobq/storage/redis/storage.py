@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -542,7 +541,7 @@ class RedisStorage(Storage):
             [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
              k.rate, k.group_rate_prefix, k.capped],
             [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN,
-             secrets.randbelow(1000)],
+             roundtrip.token_nonce()],
         )  # fmt: skip
 
     @staticmethod
