@@ -28,7 +28,9 @@ from typing import Any
 
 from bench.core import ROOT, log
 
-FIELDS = ("handoff_p50_us", "rr_p50_vs_handoff_p50", "rr_p99_vs_handoff_p50")
+FIELDS = ("handoff_p50_us", "handoff_p99_vs_handoff_p50", "rr_p50_vs_handoff_p50",
+          "rr_p99_vs_handoff_p50", "client_cpu_us_per_rr", "client_user_cpu_us_per_rr",
+          "worker_cpu_us_per_rr")  # fmt: skip
 
 
 def one_side(blocks: int) -> dict[str, Any]:
@@ -45,7 +47,7 @@ def one_side(blocks: int) -> dict[str, Any]:
     finally:
         core.delete_matching(client, core.run_pattern(prefix))
     return {
-        **{key: result[key] for key in FIELDS},
+        **{key: result.get(key, 0) for key in FIELDS},  # an older bench/core.py: no CPU
         "rr_p50_us": result["rr_us"]["p50"],
         "rr_p99_us": result["rr_us"]["p99"],
         "loadavg": round((load + os.getloadavg()[0]) / 2, 2),
