@@ -95,12 +95,14 @@ local claimed = 0
 local deadline = fmt(now + lease)
 local base = token_base(ARGV[8])
 
-local function lease_job(id, job_key, f, prev_token, created, run_at)
+-- `attempts`: the record's count as the caller's HMGET read it; the new one is written in
+-- the same HSET as the rest (one call less per job than an HINCRBY beside it).
+local function lease_job(id, job_key, f, prev_token, created, run_at, attempts)
   local ready = math.max(tonumber(created) or now, tonumber(run_at) or 0)
   local token = next_token(job_key, base, prev_token)
-  local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
+  local attempt = (tonumber(attempts) or 0) + 1
   redis.call('HSET', job_key, 'state', 'active', 'worker', worker, 'started', fmt(now),
-    'token', token)
+    'token', token, 'attempts', attempt)
   redis.call('ZADD', active_key, deadline, id)
   emit(events_key, maxlen, id, 'active', now, worker)
   local n = #out
@@ -126,8 +128,8 @@ if budget > 0 and not (group_max and group_window) then
     local id = popped[i]
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff', 'token', 'created', 'run_at')
-    if f[1] == 'queued' then lease_job(id, job_key, f, f[7], f[8], f[9]) end
+      'min_backoff', 'max_backoff', 'token', 'created', 'run_at', 'attempts')
+    if f[1] == 'queued' then lease_job(id, job_key, f, f[7], f[8], f[9], f[10]) end
   end
 elseif budget > 0 then
   -- Group limits: walk the best candidates (a bounded number), skipping those whose group
@@ -138,12 +140,12 @@ elseif budget > 0 then
     if claimed >= budget then break end
     local job_key = job_prefix .. id
     local f = redis.call('HMGET', job_key, 'state', 'payload', 'ctype', 'max_attempts',
-      'min_backoff', 'max_backoff', 'group', 'token', 'created', 'run_at')
+      'min_backoff', 'max_backoff', 'group', 'token', 'created', 'run_at', 'attempts')
     redis.call('ZREM', queued_key, id)
     if f[1] == 'queued' then
       local group = f[7]
       if not group then
-        lease_job(id, job_key, f, f[8], f[9], f[10])
+        lease_job(id, job_key, f, f[8], f[9], f[10], f[11])
       else
         local log_key = group_prefix .. group
         if used[group] == nil then
@@ -151,7 +153,7 @@ elseif budget > 0 then
           used[group] = redis.call('ZCARD', log_key)
         end
         if used[group] < group_max then
-          local token = lease_job(id, job_key, f, f[8], f[9], f[10])
+          local token = lease_job(id, job_key, f, f[8], f[9], f[10], f[11])
           redis.call('ZADD', log_key, now, fmt(now) .. ':' .. id .. ':' .. token)
           redis.call('PEXPIRE', log_key, group_window)
           used[group] = used[group] + 1

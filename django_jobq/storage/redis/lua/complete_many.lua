@@ -33,13 +33,14 @@ local freed = false
 for i = 3, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local job_key = job_prefix .. id
-  local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'succ', 'dedup', 'dmode')
+  local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'succ', 'dedup', 'dmode',
+    'result_ttl', 'waiters')
   if f[1] ~= 'active' or f[2] ~= token then
     out[#out + 1] = 0
   else
-    redis.call('HSET', job_key, 'result', result)
     redis.call('ZREM', active_key, id)
-    finish(job_key, done_prefix .. id, stats_key, 'completed', result, now)
+    finish_read(job_key, done_prefix .. id, stats_key, 'completed', result, now, f[7], f[8],
+      'result', result)
     emit(events_key, maxlen, id, 'completed', now, f[3])
     if f[4] or f[5] then
       local h = sched()

@@ -96,6 +96,29 @@ local function finish(job_key, done_key, stats_key, state, body, now)
   end
 end
 
+-- finish() for a caller whose HMGET already read the record's result_ttl and waiters (`ttl`,
+-- `waiters`, as read: strings or false), with more fields to write in the same HSET (`...`:
+-- field, value pairs). The same writes as the field writes before it plus finish(), in fewer
+-- calls: a verdict on the request/response path makes three fewer (every keyed call costs
+-- server time, and the waiting caller wakes only after the script ends).
+local function finish_read(job_key, done_key, stats_key, state, body, now, ttl, waiters, ...)
+  waiters = tonumber(waiters or '0')
+  if waiters > 0 then
+    redis.call('HSET', job_key, 'state', state, 'finished', fmt(now), 'waiters', 0, ...)
+  else
+    redis.call('HSET', job_key, 'state', state, 'finished', fmt(now), ...)
+  end
+  ttl = tonumber(ttl)
+  redis.call('PEXPIRE', job_key, ttl)
+  if state ~= 'cancelled' then redis.call('HINCRBY', stats_key, state, 1) end
+  if waiters > 0 then
+    local message = state .. '\n' .. (body or '')
+    for _ = 1, waiters do redis.call('RPUSH', done_key, message) end
+    -- A waiter that is there pops at once; this only bounds what a timed-out waiter leaves.
+    redis.call('PEXPIRE', done_key, math.min(ttl, 60000))
+  end
+end
+
 -- A job that failed for good joins the dead-letter list, scored by when its record expires
 -- (finish() set that TTL: the result TTL after now), unless a blocked singleton successor took
 -- the id over. The list reads newest first, so two jobs failed within one millisecond must not
