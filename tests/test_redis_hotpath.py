@@ -212,6 +212,9 @@ def test_a_lone_enqueue_on_the_kept_connection_the_server_closed_is_sent_again_o
     result = queue.enqueue("lost", {"n": 1})
     assert ordinary == ["enqueue_one"], "the failed packed call was not sent again once"
     assert result.outcome is EnqueueOutcome.QUEUED
+    # The closed one went back to the pool, not to the kept ones: kept, it would be connected
+    # again beside the pool's own, and each outage would leave one connection more.
+    assert all(ref() is not None and ref()._sock is not None for ref in kept.conns)
     assert queue.enqueue("next", 2).outcome is EnqueueOutcome.QUEUED
     assert ordinary == ["enqueue_one"], "the call after the failure was not packed again"
     assert storage.counts(Q)[JobState.QUEUED] == 3

@@ -178,8 +178,17 @@ class Scripts:
         return pooled_connection(pool, "EVALSHA")
 
     def give(self, pool: Any, conn: Any) -> None:
+        """Back after a call: kept for the next hot call, or to the pool. A connection closed
+        after an error goes to the pool: kept, it would be connected again by the next hot
+        call while the pool connected its own for the other callers, so every outage would
+        leave a process holding more connections than before it (the pool reuses it)."""
         kept = self._kept
-        if kept is not None and len(kept.conns) < KEEP_CONNECTIONS and kept.pid == os.getpid():
+        if (
+            kept is not None
+            and getattr(conn, "_sock", None) is not None  # redis-py's own: None when closed
+            and len(kept.conns) < KEEP_CONNECTIONS
+            and kept.pid == os.getpid()
+        ):
             kept.conns.append(weakref.ref(conn))
         else:
             pool.release(conn)
