@@ -33,18 +33,15 @@ local seq = redis.call('INCR', KEYS[5])
 local run_at = math.max(tonumber(ARGV[11]), now + tonumber(ARGV[13]))
 state = 'queued'
 if run_at > now then state = 'scheduled' end
--- One HSET for every field (a waiter's count and a due time included): each call costs
--- server time on the one-job path.
-local fields = {
+redis.call('HSET', job_key,
   'state', state, 'payload', payload, 'ctype', ARGV[4],
   'max_attempts', ARGV[5], 'result_ttl', ARGV[6],
   'min_backoff', ARGV[7], 'max_backoff', ARGV[8],
   'max_stalls', ARGV[9], 'priority', ARGV[10], 'seq', seq,
-  'created', fmt(now) }
-if waiter then fields[#fields + 1] = 'waiters'; fields[#fields + 1] = 1 end
-if state == 'scheduled' then fields[#fields + 1] = 'run_at'; fields[#fields + 1] = fmt(run_at) end
-redis.call('HSET', job_key, unpack(fields))
+  'created', fmt(now))
+if waiter then redis.call('HSET', job_key, 'waiters', 1) end
 if state == 'scheduled' then
+  redis.call('HSET', job_key, 'run_at', fmt(run_at))
   wake_if_earliest(KEYS[3], KEYS[4], run_at)
   redis.call('ZADD', KEYS[3], run_at, id)
 else
