@@ -12,6 +12,14 @@ TEST_WORKERS ?= 3
 # The cluster run takes 20,000.
 MIRROR_250K := tests/test_mirror_processes.py::test_models_equal_redis_after_a_bulk_load_far_past_the_stream_cap
 
+# The part of the suite `make smoke` runs again in the venv with the lowest versions setup.cfg
+# admits (scripts/test-installed): the storage contract, the Redis hot path, request/response,
+# the worker and real runworker processes, which between them make every redis-py call the
+# package makes. Not PostgreSQL or the cluster: the main run covers those, on the same code.
+MIN_SUITE := tests/contract tests/test_redis_hotpath.py tests/test_request_response.py \
+	tests/test_worker.py tests/test_processes.py tests/test_stopsignals.py \
+	-k "not postgres and not cluster" -m "not redis_cluster" -n $(TEST_WORKERS) -q
+
 .PHONY: demo demo-redis test lint smoke bench clean
 
 # Everything: the test suite, lint, the Spark pipeline, the browser tests.
@@ -56,12 +64,12 @@ test: $(BIN)/.installed lint
 # The package as users get it: sdist + wheel built from the tracked files, `twine check`, every
 # tracked package file present; then the wheel installed in fresh venvs outside the checkout and
 # used (Redis, runworker, admin, API schema, Spark import, the test-mode user project), once with
-# the newest dependencies and once with the lowest versions setup.cfg admits.
+# the newest dependencies and once with the lowest versions setup.cfg admits (and MIN_SUITE).
 smoke: $(BIN)/.installed
 	scripts/ensure-services redis
 	scripts/check-dist $(BIN)/python dist
 	scripts/smoke-installed $(PYTHON) dist
-	scripts/smoke-installed $(PYTHON) dist api,msgpack ci/constraints-min.txt
+	scripts/smoke-installed $(PYTHON) dist api,msgpack ci/constraints-min.txt $(MIN_SUITE)
 
 bench: $(BIN)/.installed
 	scripts/ensure-services redis

@@ -54,6 +54,7 @@ def server_usec(client: Any) -> tuple[int, int]:
 
 def traced_worker(concurrency: int, out_path: str) -> None:
     """Worker process of ``rr``: a real Worker whose storage calls record when they ran."""
+    from django_jobq import stopsignals
     from django_jobq import worker as worker_mod
     from django_jobq.conf import get_storage
     from django_jobq.pools import thread as thread_pool
@@ -115,8 +116,8 @@ def traced_worker(concurrency: int, out_path: str) -> None:
     storage.ack_many = traced_ack_many
     thread_pool.execute = traced_execute
     worker = worker_mod.Worker([QUEUE], concurrency=concurrency)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop(hurry=True))
-    worker.run()
+    with stopsignals.relayed(lambda _: worker.stop(hurry=True), [signal.SIGTERM]):
+        worker.run()
     with open(out_path, "w") as f:
         json.dump(stamps, f)
 

@@ -47,6 +47,7 @@ def child() -> None:
     import django
 
     django.setup()
+    from django_jobq import stopsignals
     from django_jobq.mirror import Mirror
 
     mirror = Mirror(queues=[QUEUE], consumer="bench-mirror")
@@ -117,14 +118,14 @@ def child() -> None:
     mirror._write_jobs = timed_phase("write", mirror._write_jobs)  # type: ignore[method-assign]
     storage.ack_events = timed_phase("ack_trim", storage.ack_events)
     storage.trim_read_events = timed_phase("ack_trim", storage.trim_read_events)
-    signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
     profile = os.environ.get("JOBQ_BENCH_MIRROR_PROFILE")
-    if profile:  # --profile: where the mirror process spends its time (cProfile stats)
-        import cProfile
+    with stopsignals.relayed(lambda _: mirror.stop(), [signal.SIGTERM]):
+        if profile:  # --profile: where the mirror process spends its time (cProfile stats)
+            import cProfile
 
-        cProfile.runctx("mirror.run()", globals(), {"mirror": mirror}, profile)
-    else:
-        mirror.run()
+            cProfile.runctx("mirror.run()", globals(), {"mirror": mirror}, profile)
+        else:
+            mirror.run()
     samples = sorted(mirror.lag.samples)
 
     def pct(p: float) -> float | None:

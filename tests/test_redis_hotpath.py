@@ -22,7 +22,7 @@ from django_jobq.job import AckOutcome, EnqueueOutcome, JobOptions, NewJob
 from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
 from django_jobq.storage.redis import scripts as scripts_mod
-from django_jobq.storage.redis.connection import client_from_url
+from django_jobq.storage.redis.connection import client_from_url, pooled_connection
 from django_jobq.storage.redis.scripts import SHAS
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -42,7 +42,7 @@ def storage(redis_client, redis_prefix):
 def redis_py_bytes(storage: RedisStorage, queue: str, job: NewJob) -> bytes:
     """What redis-py writes for the ordinary call of the same job."""
     _, keys, args = storage._enqueue_call(queue, [job])
-    conn = storage.client.connection_pool.get_connection()
+    conn = pooled_connection(storage.client.connection_pool, "EVALSHA")
     try:
         packed = conn.pack_command("EVALSHA", SHAS["enqueue_one"], len(keys), *keys, *args)
     finally:

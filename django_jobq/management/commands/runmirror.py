@@ -1,7 +1,6 @@
-import signal
-
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import stopsignals
 from ...logutil import configure
 from ...mirror import Mirror
 
@@ -29,6 +28,5 @@ class Command(BaseCommand):
             n = mirror.drain()
             self.stdout.write(f"mirrored {n} events")
             return
-        signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
-        signal.signal(signal.SIGINT, lambda *_: mirror.stop())
-        mirror.run()
+        with stopsignals.relayed(lambda _: mirror.stop()):  # off the handler (see stopsignals)
+            mirror.run()

@@ -1,7 +1,6 @@
-import signal
-
 from django.core.management.base import BaseCommand
 
+from ... import stopsignals
 from ...logutil import configure
 from ...reaper import Reaper
 
@@ -60,6 +59,5 @@ class Command(BaseCommand):
             if reaper.last_fired:
                 self.stdout.write(f"schedules: fired {', '.join(reaper.last_fired)}")
             return
-        signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
-        signal.signal(signal.SIGINT, lambda *_: reaper.stop())
-        reaper.run()
+        with stopsignals.relayed(lambda _: reaper.stop()):  # off the handler (see stopsignals)
+            reaper.run()

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import stopsignals
 from ...conf import jobq_settings
 from ...errors import JobQError
 from ...logutil import configure
@@ -206,35 +206,35 @@ class Command(BaseCommand):
         bridge = self._bridge(options, worker)
         metrics_server = self._metrics(worker, options)
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int) -> None:
             # First signal: graceful (finish in-flight within grace). Second: hurry. The bridge
             # stops taking messages at once; what it prefetched and did not store goes back to
-            # the broker unacknowledged when its connection closes.
+            # the broker unacknowledged when its connection closes. Runs on the relay thread
+            # (stopsignals.py: a stop run by the handler itself could be lost or deadlock).
             if bridge is not None:
                 bridge.stop()
             if subs is not None:
                 subs.stop(hurry=subs.stopping)
             worker.stop(hurry=worker.stopping)
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        thread = None
-        if bridge is not None:
-            from ...celery_compat.bridge import bridge_thread
+        with stopsignals.relayed(on_signal):
+            thread = None
+            if bridge is not None:
+                from ...celery_compat.bridge import bridge_thread
 
-            thread = bridge_thread(bridge)
-        subs_thread = subs.start() if subs is not None else None
-        try:
-            worker.run()
-        finally:
-            if subs is not None and subs_thread is not None:
-                subs.stop()
-                subs_thread.join(subs.grace + 10)
-            if bridge is not None and thread is not None:
-                bridge.stop()
-                thread.join(10)
-            if metrics_server is not None:
-                metrics_server.shutdown()
+                thread = bridge_thread(bridge)
+            subs_thread = subs.start() if subs is not None else None
+            try:
+                worker.run()
+            finally:
+                if subs is not None and subs_thread is not None:
+                    subs.stop()
+                    subs_thread.join(subs.grace + 10)
+                if bridge is not None and thread is not None:
+                    bridge.stop()
+                    thread.join(10)
+                if metrics_server is not None:
+                    metrics_server.shutdown()
 
     def _subscribers(self, options) -> SubscriberWorker | None:
         """The broadcast subscribers to run: those named by --subscriber, else every one
@@ -273,16 +273,15 @@ class Command(BaseCommand):
     def _serve_subscribers(self, subs: SubscriberWorker, options) -> None:
         metrics_server = self._metrics(subs, options)
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int) -> None:
             subs.stop(hurry=subs.stopping)
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        try:
-            subs.run()
-        finally:
-            if metrics_server is not None:
-                metrics_server.shutdown()
+        with stopsignals.relayed(on_signal):
+            try:
+                subs.run()
+            finally:
+                if metrics_server is not None:
+                    metrics_server.shutdown()
 
     def _bridge(self, options, worker: Worker) -> KombuBridge | None:
         conf = jobq_settings()["CELERY"]

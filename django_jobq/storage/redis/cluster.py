@@ -30,7 +30,7 @@ from ...errors import ConfigurationError, StorageUnavailable
 from ...job import Event
 from ..base import Clock
 from . import storage as _storage
-from .connection import COMMAND_TIMEOUT, _backoff, single_node_blocking
+from .connection import COMMAND_TIMEOUT, _backoff, pooled_connection, single_node_blocking
 from .scripts import SHAS, Scripts
 from .storage import RedisStorage, _event, _s
 
@@ -189,7 +189,7 @@ class _Waits:
 
             try:
                 node = node_client(client, key)
-                conn = node.connection_pool.get_connection()
+                conn = pooled_connection(node.connection_pool, args[0])
                 try:
                     conn.send_command("CLIENT", "ID")
                     client_id = int(conn.read_response())

@@ -226,7 +226,7 @@ class Scripts:
 
     def _streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = pooled_connection(pool, "EVALSHA")  # redis-py 5 needs the command name
         try:
             for name, keys, args in calls:
                 conn.send_command("EVALSHA", SHAS[name], len(keys), *keys, *args)
