@@ -81,26 +81,11 @@ end
 
 -- Close a job in a final state: stamp it, make the record expire after its result TTL (its id
 -- stays deduplicated until then), count it, and hand the outcome to every registered waiter.
-local function finish(job_key, done_key, stats_key, state, body, now)
-  redis.call('HSET', job_key, 'state', state, 'finished', fmt(now))
-  local ttl = tonumber(redis.call('HGET', job_key, 'result_ttl'))
-  redis.call('PEXPIRE', job_key, ttl)
-  if state ~= 'cancelled' then redis.call('HINCRBY', stats_key, state, 1) end
-  local waiters = tonumber(redis.call('HGET', job_key, 'waiters') or '0')
-  if waiters > 0 then
-    local message = state .. '\n' .. (body or '')
-    for _ = 1, waiters do redis.call('RPUSH', done_key, message) end
-    redis.call('HSET', job_key, 'waiters', 0)
-    -- A waiter that is there pops at once; this only bounds what a timed-out waiter leaves.
-    redis.call('PEXPIRE', done_key, math.min(ttl, 60000))
-  end
-end
-
--- finish() for a caller whose HMGET already read the record's result_ttl and waiters (`ttl`,
--- `waiters`, as read: strings or false), with more fields to write in the same HSET (`...`:
--- field, value pairs). The same writes as the field writes before it plus finish(), in fewer
--- calls: a verdict on the request/response path makes three fewer (every keyed call costs
--- server time, and the waiting caller wakes only after the script ends).
+-- For a caller whose HMGET already read the record's result_ttl and waiters (`ttl`, `waiters`,
+-- as read: strings or false), with more fields to write in the same HSET (`...`: field, value
+-- pairs); finish() below reads them itself. One HSET for every field: a verdict on the
+-- request/response path makes fewer calls (every keyed call costs server time, and the waiting
+-- caller wakes only after the script ends).
 local function finish_read(job_key, done_key, stats_key, state, body, now, ttl, waiters, ...)
   waiters = tonumber(waiters or '0')
   if waiters > 0 then
@@ -117,6 +102,11 @@ local function finish_read(job_key, done_key, stats_key, state, body, now, ttl, 
     -- A waiter that is there pops at once; this only bounds what a timed-out waiter leaves.
     redis.call('PEXPIRE', done_key, math.min(ttl, 60000))
   end
+end
+
+local function finish(job_key, done_key, stats_key, state, body, now)
+  local f = redis.call('HMGET', job_key, 'result_ttl', 'waiters')
+  finish_read(job_key, done_key, stats_key, state, body, now, f[1], f[2])
 end
 
 -- A job that failed for good joins the dead-letter list, scored by when its record expires
