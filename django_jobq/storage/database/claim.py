@@ -26,6 +26,7 @@ from .core import (
     _dt,
     _raw_ms,
     _storable_json,
+    not_before,
 )
 from .enqueue import Enqueue
 from .wakeups import CHANNEL
@@ -343,7 +344,7 @@ class ClaimAck(Enqueue):
         if not logged:  # each at its row's start: now, or a later creation (``_greatest``)
             starts: dict[int, list[tuple[int, str, str]]] = {}
             for r in rows:
-                at = max(now, _raw_ms(r[12]) or now)
+                at = not_before(now, r[12])
                 starts.setdefault(at, []).append((r[0], queue, r[1]))
             for at, items in starts.items():
                 self._events(items, "active", at, worker_id)
@@ -687,7 +688,7 @@ class ClaimAck(Enqueue):
                 continue
             changed.append(row)
             # Started later by this clock (``_greatest``): finished then, not before.
-            at = max(now, _raw_ms(row[8]) or now)
+            at = not_before(now, row[8])
             stamp = finished if at == now else self._param_dt(at)
             updates.append((ack.body, stamp, self._param_dt(now + row[4]), row[0]))
             by_stamp.setdefault((row[6], at), []).append((row[0], queue, row[1]))

@@ -63,6 +63,14 @@ def _raw_ms(value: Any) -> int | None:
     return _ms(value)
 
 
+def not_before(now: int, stamp: Any) -> int:
+    """``now``, or ``stamp`` (a datetime column as the ORM or raw SQL read it; None: none) when
+    that is later. A claim is stamped no earlier than the row's creation and a verdict no
+    earlier than the run's start: ``_greatest`` says why the clocks may disagree."""
+    at = _raw_ms(stamp)
+    return now if at is None else max(now, at)
+
+
 def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
@@ -266,8 +274,7 @@ class DatabaseCore(Storage):
     def _after_start(row: Any, now: int) -> int:
         """A verdict's time: ``now``, or the run's start when that is later (``_greatest``
         says why the clocks may disagree). One stamp for the row and its event."""
-        started = row.get("started_at")
-        return now if started is None else max(now, _ms(started))
+        return not_before(now, row.get("started_at"))
 
     def _finish_fields(self, row: Any, state: JobState, now: int) -> dict[str, Any]:
         return {
