@@ -9,8 +9,8 @@ check for signals and the system call that blocks) is noted by the interpreter's
 and nothing else (as is a signal the kernel gives to another thread): the wait is not
 interrupted, the Python handler never runs, and the worker ignores the SIGTERM for good. A
 CI run of the installed wheel caught that (the smoke check sends SIGTERM as the job's result
-comes back, which is when the fetcher is entering that wait); reproduced here about once in
-400 runs, with the main thread parked in that wait and no signal pending. Running the stop
+comes back, which is when the fetcher is entering that wait); reproduced here 2 times in about
+1,900 runs, with the main thread parked in that wait and no signal pending. Running the stop
 inside the handler had a second hazard: it sends a Redis command and sets events, and if
 the main thread was interrupted holding a lock the stop needs (redis-py 5's connection pool
 guards itself with a plain ``threading.Lock``; every ``threading.Event`` has one too), the
