@@ -61,10 +61,13 @@ def relayed(
     )  # fmt: skip
     thread.start()
     previous: dict[int, Any] = {}
+    replaced = False
     try:
         # The wake-up fd first: from the moment a handler below is in place, a signal must
-        # reach the pipe (before, it still has its old disposition).
+        # reach the pipe (before, it still has its old disposition). Off the main thread this
+        # raises ValueError, as signal.signal would.
         old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        replaced = True
         if old_fd != -1:
             forward.append(old_fd)
         for sig in signals:
@@ -73,7 +76,8 @@ def relayed(
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        signal.set_wakeup_fd(forward[0] if forward else -1)
+        if replaced:
+            signal.set_wakeup_fd(forward[0] if forward else -1)
         os.close(write_fd)  # the relay reads what is left, then the end of the pipe, and ends
         thread.join(RELAY_JOIN_SECONDS)
 

@@ -153,3 +153,23 @@ def test_a_signal_right_at_the_end_of_the_block_is_not_lost(sig):
         _kill_self(sig)
     # Leaving the block lets the relay read what the handler wrote before the pipe closed.
     assert seen == [sig]
+
+
+def test_off_the_main_thread_it_refuses_and_leaves_nothing_behind():
+    raised: list[BaseException] = []
+    relays_before = {t for t in threading.enumerate() if t.name == "jobq-signals"}
+
+    def enter() -> None:
+        try:
+            with stopsignals.relayed(lambda _: None):
+                pass  # pragma: no cover - never entered
+        except ValueError as exc:
+            raised.append(exc)
+
+    other = threading.Thread(target=enter)
+    other.start()
+    other.join()
+    assert len(raised) == 1
+    assert signal.set_wakeup_fd(-1) == -1  # not left set
+    relays = {t for t in threading.enumerate() if t.name == "jobq-signals"}
+    assert relays == relays_before  # its relay ended with the block
