@@ -49,35 +49,31 @@ def relayed(
     (yielded, for tests), in the order the signals came. The previous handlers (and wake-up
     fd) are restored on leaving. Must be entered on the main thread (as ``signal.signal``
     requires)."""
+    # Off the main thread this raises ValueError, as signal.signal would, before anything
+    # is made that would need undoing.
+    previous_fd = signal.set_wakeup_fd(-1)
     read_fd, write_fd = os.pipe()
     # A full pipe (64 Ki unread signals) must not block the interpreter's C handler: the
     # relay is behind on stops it will run anyway, so the signal is dropped instead.
     os.set_blocking(write_fd, False)
     wanted = frozenset(int(sig) for sig in signals)
-    forward: list[int] = []  # the wake-up fd this block replaced, if any
     thread = threading.Thread(
-        target=_relay, args=(read_fd, wanted, forward, on_signal), name="jobq-signals",
+        target=_relay, args=(read_fd, wanted, previous_fd, on_signal), name="jobq-signals",
         daemon=True,
     )  # fmt: skip
     thread.start()
     previous: dict[int, Any] = {}
-    replaced = False
     try:
         # The wake-up fd first: from the moment a handler below is in place, a signal must
-        # reach the pipe (before, it still has its old disposition). Off the main thread this
-        # raises ValueError, as signal.signal would.
-        old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        replaced = True
-        if old_fd != -1:
-            forward.append(old_fd)
+        # reach the pipe (before, it still has its old disposition).
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         for sig in signals:
             previous[sig] = signal.signal(sig, _noted)
         yield thread
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        if replaced:
-            signal.set_wakeup_fd(forward[0] if forward else -1)
+        signal.set_wakeup_fd(previous_fd)
         os.close(write_fd)  # the relay reads what is left, then the end of the pipe, and ends
         thread.join(RELAY_JOIN_SECONDS)
 
@@ -91,17 +87,17 @@ def _noted(signum: int, frame: Any) -> None:
 
 
 def _relay(
-    read_fd: int, wanted: frozenset[int], forward: list[int], on_signal: Callable[[int], object]
+    read_fd: int, wanted: frozenset[int], forward_fd: int, on_signal: Callable[[int], object]
 ) -> None:
     try:
         while data := os.read(read_fd, 64):
             for signum in data:
                 if signum not in wanted:
                     # Another handled signal (the wake-up fd reports every one): its byte
-                    # goes on to the fd this block replaced, as it would have without us.
-                    if forward:
+                    # goes on to the fd this block replaced (-1: none), as without us.
+                    if forward_fd != -1:
                         with contextlib.suppress(OSError):
-                            os.write(forward[0], bytes((signum,)))
+                            os.write(forward_fd, bytes((signum,)))
                     continue
                 try:
                     on_signal(signum)

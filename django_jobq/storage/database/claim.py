@@ -497,7 +497,7 @@ class ClaimAck(Enqueue):
             row = self._take_lease(queue, job_id, token, result=result)
             if row is None:
                 return AckOutcome.LEASE_LOST
-            now = self._after_start(row, now)
+            now = not_before(now, row.get("started_at"))  # one stamp for the row and its event
             self._jobs().filter(pk=row["id"]).update(
                 **self._finish_fields(row, JobState.COMPLETED, now)
             )
@@ -534,7 +534,7 @@ class ClaimAck(Enqueue):
             row = self._take_lease(queue, job_id, token, error=_storable_json(error, self.vendor))
             if row is None:
                 return AckOutcome.LEASE_LOST
-            now = self._after_start(row, now)
+            now = not_before(now, row.get("started_at"))  # one stamp for the row and its event
             if permanent or row["attempts"] >= row["max_attempts"]:
                 fields = self._finish_fields(row, final, now)
                 self._jobs().filter(pk=row["id"]).update(**fields)

@@ -270,12 +270,6 @@ class DatabaseCore(Storage):
             cursor.execute(query, params)
             return [list(r) for r in cursor.fetchall()] if fetch else []
 
-    @staticmethod
-    def _after_start(row: Any, now: int) -> int:
-        """A verdict's time: ``now``, or the run's start when that is later (``_greatest``
-        says why the clocks may disagree). One stamp for the row and its event."""
-        return not_before(now, row.get("started_at"))
-
     def _finish_fields(self, row: Any, state: JobState, now: int) -> dict[str, Any]:
         return {
             "state": state,
