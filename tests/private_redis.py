@@ -41,6 +41,15 @@ def closed_port() -> int:
     return free_port()
 
 
+def keep_full(client) -> None:
+    """A Redis that just refused a write at its ``maxmemory`` stays full: the refusal came
+    with used memory just over the limit, counting the refused call's own arguments; once
+    their buffer is freed the next large call can start under it and be let through (CI saw
+    an API enqueue answered 201 that way). With the limit halved below what the stored data
+    takes, every later write is refused for as long as the data is kept."""
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+
+
 class PrivateRedis:
     """``redis-server`` on a free port of ``PORT_RANGE``, persistence off; ``stop`` by PID."""
 

@@ -29,7 +29,7 @@ from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
 
 from .helpers import running_workers, wait_until
-from .private_redis import PrivateRedis, closed_port
+from .private_redis import PrivateRedis, closed_port, keep_full
 
 Q = "outage-q"
 
@@ -99,18 +99,13 @@ def full_redis(tmp_path: Path):
 
 def fill(q: Queue) -> int:
     """Enqueue 50 kB jobs until Redis refuses one; returns how many it took. Then keeps it
-    full: the refusal comes with used memory just over ``maxmemory``, and what the server
-    held in connection buffers (the refused 50 kB command's among them) is freed right after,
-    which can bring it back under the limit and let the next write through (CI saw the API's
-    enqueue answered 201 that way). With ``maxmemory`` halved below what the stored jobs
-    take, every later write is refused for as long as they are kept."""
+    full (``keep_full``)."""
     blob = "x" * 50_000
     for n in range(1000):
         try:
             q.enqueue(f"fill-{n}", {"blob": blob})
         except StorageFull:
-            client = q.storage.client
-            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+            keep_full(q.storage.client)
             return n
     raise AssertionError("Redis never refused a write at its maxmemory")
 

@@ -11,6 +11,7 @@ from django_jobq.conf import reset_storage
 from django_jobq.errors import StorageFull
 from django_jobq.storage.redis.keys import QueueKeys
 
+from ..private_redis import keep_full
 from .conftest import events_of
 
 BLOB = "x" * 50_000
@@ -51,11 +52,7 @@ def test_enqueue_at_maxmemory_fails_cleanly_and_writes_nothing(
         bulk_error: Exception | None = exc
     else:
         bulk_error = None
-    # Full stays full for the API's calls: a refusal comes with used memory just over the
-    # limit, counting the refused call's own arguments; once their buffer is freed the next
-    # 50 kB call can start under it and be let through (CI saw the API's single enqueue
-    # answered 201 that way). Below what the stored jobs take, every write is refused.
-    server.client.config_set("maxmemory", int(server.client.info("memory")["used_memory"]) // 2)
+    keep_full(server.client)  # for the API's calls below
 
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "REDIS_URL": server.url,
                      "PREFIX": prefix}  # fmt: skip
