@@ -55,6 +55,10 @@ from .storage.base import Ack, Storage
 
 logger = logging.getLogger("django_jobq.worker")
 CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
+# s a job that a quiet worker's idle wait claimed alone may run before that wait is passed to
+# another handler thread (Worker._idle_wait): the most a second job arriving meanwhile waits
+# for its claim beyond the usual, and at most one watchdog wake-up per this under load.
+PASS_ON_AFTER = 0.002
 
 
 # Verdicts after which a flow child's parents may be released.
@@ -93,6 +97,9 @@ class _IdleWait:
     done: threading.Event = field(default_factory=threading.Event)
     due: float | None = None  # the next wait, as ``_idle`` returns it
     error: Exception | None = None  # the wait failed: raised in the fetcher's thread
+    # A handler thread runs the job this wait claimed before waiting again (under the
+    # worker's lock: whoever clears it, that thread or the watchdog, owns the next wait).
+    running: bool = False
 
 
 class Worker(ServingLoop):
@@ -319,13 +326,13 @@ class Worker(ServingLoop):
 
     def _claim_on_wake(
         self, queue: str, wait: float, want: int, *, hold: bool
-    ) -> tuple[float | None, ClaimedJob | None]:
+    ) -> tuple[float | None, ClaimedJob | None, bool]:
         """``wait_and_claim`` and dispatch what it claimed; returns the next wait (None: only
-        waited, claim next) and, with ``hold``, the job kept back for the calling handler
-        thread to run."""
+        waited, claim next), with ``hold`` the job kept back for the calling handler thread to
+        run, and whether that job was all the claim brought (the queue was left empty)."""
         batch = self.storage.wait_and_claim(queue, self.worker_id, want, self.lease, wait)
         if batch is None:
-            return None, None
+            return None, None, False
         held = None
         if batch.jobs and not self.stopping:
             held = self._dispatch(batch.jobs, hold=hold)
@@ -335,33 +342,60 @@ class Worker(ServingLoop):
         due = self.idle_timeout
         if batch.next_due_in is not None:
             due = min(due, max(batch.next_due_in / 1000, 0.001))
-        return due, held
+        return due, held, len(batch.jobs) == 1
 
     def _idle_wait(self, slot: int, request: _IdleWait) -> None:
-        """On a handler thread: the fetcher's idle wait. Before running the job it kept, the
-        thread passes the next wait on (to the next idle handler thread, as the fetcher
-        would: it only ever waits again after a wait that claimed) or, when that is not for
-        it to decide, wakes the fetcher (``done``). Either way claiming goes on while the job
-        runs, so a long job never holds it up; passing it on directly spares a wake-up of
-        the fetcher per job and re-arms the wait sooner."""
-        held, request.due = None, None
-        try:
-            request.due, held = self._claim_on_wake(
-                request.queue, request.wait, request.want, hold=True
-            )
-        except Exception as exc:  # raised in the fetcher, which backs off as for its own wait
-            request.error = exc
-        finally:
-            if not self._wait_again(request):
-                request.done.set()
-        if held is not None:
-            self._run_one(slot, held)
+        """On a handler thread: the fetcher's idle wait, and the job it claimed.
 
-    def _wait_again(self, request: _IdleWait) -> bool:
-        """Put ``request`` back on the work queue as the next idle wait when the fetcher's
-        next step would be exactly that: the wait claimed or timed out (``due`` set), no
-        error, not stopping, free slots left, still one queue and the same one. After this
-        returns True the request belongs to the thread that takes it."""
+        A wait that brought one job alone (a quiet queue) runs it first and waits again
+        itself afterwards, on this thread: passing the next wait to another handler thread
+        first costs a thread wake-up per job, on the path of every request/response, while
+        nothing is left in the queue to claim. So that a job that turns out long never holds
+        up claiming, the watchdog passes the wait on (``_pass_on``) if the job still runs
+        ``PASS_ON_AFTER`` later. A wait that brought several jobs (a busy queue) passes the
+        next wait on before running its job, as the fetcher would. Either way the thread
+        that ends the chain (an error, stopping, no free slot) wakes the fetcher (``done``)."""
+        while True:
+            held, alone, request.due = None, False, None
+            try:
+                request.due, held, alone = self._claim_on_wake(
+                    request.queue, request.wait, request.want, hold=True
+                )
+            except Exception as exc:  # raised in the fetcher, which backs off as for its own wait
+                request.error = exc
+            if held is None or not alone:
+                if not self._wait_again(request):
+                    request.done.set()
+                if held is not None:
+                    self._run_one(slot, held)
+                return
+            with self._cond:
+                request.running = True
+            timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request))
+            self._run_one(slot, held)
+            with self._cond:
+                mine, request.running = request.running, False
+            if not mine:
+                return  # the watchdog passed the wait on while the job ran
+            self._watchdog.cancel(timer)
+            if not self._wait_again(request, queued=False):
+                request.done.set()
+                return
+
+    def _pass_on(self, request: _IdleWait) -> None:
+        """On the watchdog thread: the job run before the next wait outlasted
+        ``PASS_ON_AFTER``, so the wait goes to another handler thread now."""
+        with self._cond:
+            mine, request.running = request.running, False
+        if mine and not self._wait_again(request):
+            request.done.set()
+
+    def _wait_again(self, request: _IdleWait, *, queued: bool = True) -> bool:
+        """Ready ``request`` as the next idle wait when the fetcher's next step would be
+        exactly that: the wait claimed or timed out (``due`` set), no error, not stopping,
+        free slots left, still one queue and the same one. With ``queued`` it is put back on
+        the work queue, and after this returns True it belongs to the thread that takes it;
+        without, the calling thread waits again itself."""
         if request.due is None or request.error is not None or self.stopping:
             return False
         queues = self.queues
@@ -373,7 +407,8 @@ class Worker(ServingLoop):
             return False
         self.idle_claim = want
         request.wait, request.want = request.due, want
-        self._work.put(request)
+        if queued:
+            self._work.put(request)
         return True
 
     def _claim_round(self, rotation: int) -> tuple[int, float]:

@@ -28,7 +28,10 @@ class Watchdog:
                 self._thread.start()
             handle = next(self._seq)
             heapq.heappush(self._heap, (time.monotonic() + delay, handle, callback))
-            self._cond.notify()
+            if self._heap[0][1] == handle:
+                # Only a new first deadline changes when the thread must wake (it sleeps
+                # until the first one): a call per job adds no thread wake-up per job.
+                self._cond.notify()
             return handle
 
     def cancel(self, handle: int) -> None:

@@ -60,8 +60,11 @@ def enqueue_and_wait(
     scripts = storage.scripts
     conn = scripts.take(pool)  # given back below after its last reply, or disconnected
     try:
-        conn.send_packed_command([packed, *conn.pack_command("BLPOP", storage.keys(queue).done(
-            job.job_id), wait)])  # fmt: skip
+        # One bytes object, so one write and one segment: redis-py writes each item of a
+        # list with its own sendall, and on loopback each costs a system call and a wake-up
+        # of the server (measured: ~85 µs of the caller's CPU each on a slow VM).
+        conn.send_packed_command((packed + b"".join(conn.pack_command(
+            "BLPOP", storage.keys(queue).done(job.job_id), wait)),))  # fmt: skip
         try:
             stored = storage._parse_enqueue([job], conn.read_response())[0]
         except ResponseError as exc:
@@ -113,7 +116,7 @@ def wait_and_claim(
         try:
             head = wait_head(storage, conn, queue, worker_id, count, lease_ms, timeout)
             nonce = b"%d" % token_nonce()
-            conn.send_packed_command([head, b"$%d\r\n%s\r\n" % (len(nonce), nonce)])
+            conn.send_packed_command((b"%s$%d\r\n%s\r\n" % (head, len(nonce), nonce),))
             _read_response(conn, timeout + COMMAND_TIMEOUT)  # the wake-up (or nil): the
             try:  # claim's answer says what there is
                 raw: Any = conn.read_response()

@@ -1,0 +1,84 @@
+"""The worker's one timer thread (soft timeouts, and passing an idle wait on when the job run
+before it outlasts ``PASS_ON_AFTER``). It wakes only when a new deadline comes first, so these
+check that a deadline is never slept past because of that."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from django_jobq.pools.watchdog import Watchdog
+
+from .helpers import wait_until
+
+
+def asleep(dog: Watchdog) -> bool:
+    """Whether the watchdog's thread is parked in its condition wait (its stack, looked at
+    from outside): the state in which only a notify or its deadline wakes it."""
+    thread = dog._thread
+    frame = sys._current_frames().get(thread.ident) if thread is not None else None
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("threading.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_an_earlier_deadline_scheduled_after_a_later_one_fires_without_waiting_for_it():
+    # Arrange: the thread asleep until a deadline an hour away.
+    dog = Watchdog()
+    late, early = threading.Event(), threading.Event()
+    try:
+        dog.schedule(3600, late.set)
+        assert wait_until(lambda: asleep(dog), 30)
+        # Act: a deadline before it.
+        dog.schedule(0.01, early.set)
+        # Assert: it fires (the thread was woken for it), the late one has not.
+        assert early.wait(30)
+        assert not late.is_set()
+    finally:
+        dog.stop()
+
+
+def test_a_later_deadline_does_not_delay_or_drop_an_earlier_one():
+    dog = Watchdog()
+    fired: list[str] = []
+    done = threading.Event()
+    try:
+        dog.schedule(0.05, lambda: (fired.append("first"), done.set()))
+        assert wait_until(lambda: asleep(dog), 30)
+        for i in range(100):  # no wake-up for any of these: each comes after the first
+            dog.schedule(3600 + i, lambda: fired.append("late"))
+        assert done.wait(30)
+        assert fired == ["first"]
+    finally:
+        dog.stop()
+
+
+def test_cancelled_callbacks_never_run_and_the_rest_run_in_deadline_order():
+    dog = Watchdog()
+    fired: list[int] = []
+    done = threading.Event()
+    try:
+        handles = {i: dog.schedule(0.01 * (10 - i), lambda i=i: fired.append(i)) for i in range(10)}
+        for i in (1, 4, 7):
+            dog.cancel(handles[i])
+        dog.schedule(0.2, done.set)  # after every other deadline
+        assert done.wait(30)
+        assert fired == [9, 8, 6, 5, 3, 2, 0]
+    finally:
+        dog.stop()
+
+
+def test_cancelling_the_first_deadline_lets_the_next_one_fire_on_its_own():
+    # A cancelled first deadline is only dropped when the thread next wakes; the deadline
+    # behind it must still fire.
+    dog = Watchdog()
+    second = threading.Event()
+    try:
+        first = dog.schedule(0.02, lambda: None)
+        dog.schedule(0.05, second.set)
+        dog.cancel(first)
+        assert second.wait(30)
+    finally:
+        dog.stop()
