@@ -55,9 +55,12 @@ from .storage.base import Ack, Storage
 
 logger = logging.getLogger("django_jobq.worker")
 CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
-# s a job that a quiet worker's idle wait claimed alone may run before that wait is passed to
-# another handler thread (Worker._idle_wait): the most a second job arriving meanwhile waits
-# for its claim beyond the usual, and at most one watchdog wake-up per this under load.
+# A quiet worker's idle wait that claimed one job alone runs it before waiting again while
+# such jobs have been ending within INLINE_UNDER s (Worker._idle_wait); one that still runs
+# PASS_ON_AFTER s after it started has the wait passed to another handler thread: the most a
+# job arriving meanwhile waits for its claim beyond the usual, and at most one watchdog
+# wake-up per this under load.
+INLINE_UNDER = 0.0005
 PASS_ON_AFTER = 0.002
 
 
@@ -160,6 +163,8 @@ class Worker(ServingLoop):
             lease_ms=failure_lease, backoff=failure_backoff, poll=failure_poll,
         )  # fmt: skip
         self._watchdog = Watchdog()
+        # Whether the last job an idle wait claimed alone ended within INLINE_UNDER.
+        self._lone_jobs_short = True
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
         self.stats = {
@@ -348,12 +353,13 @@ class Worker(ServingLoop):
         """On a handler thread: the fetcher's idle wait, and the job it claimed.
 
         A wait that brought one job alone (a quiet queue) runs it first and waits again
-        itself afterwards, on this thread: passing the next wait to another handler thread
-        first costs a thread wake-up per job, on the path of every request/response, while
-        nothing is left in the queue to claim. So that a job that turns out long never holds
-        up claiming, the watchdog passes the wait on (``_pass_on``) if the job still runs
-        ``PASS_ON_AFTER`` later. A wait that brought several jobs (a busy queue) passes the
-        next wait on before running its job, as the fetcher would. Either way the thread
+        itself afterwards, on this thread, while such jobs are short (``INLINE_UNDER``):
+        passing the next wait to another handler thread first costs a thread wake-up per
+        job, on the path of every request/response, while nothing is left in the queue to
+        claim. So that a job that turns out long never holds up claiming, the watchdog passes
+        the wait on (``_pass_on``) if the job still runs ``PASS_ON_AFTER`` later. A wait that
+        brought several jobs (a busy queue), or one job while such jobs are not short, passes
+        the next wait on before running its job, as the fetcher would. Either way the thread
         that ends the chain (an error, stopping, no free slot) wakes the fetcher (``done``)."""
         while True:
             held, alone, request.due = None, False, None
@@ -363,16 +369,21 @@ class Worker(ServingLoop):
                 )
             except Exception as exc:  # raised in the fetcher, which backs off as for its own wait
                 request.error = exc
-            if held is None or not alone:
+            if held is None or not alone or not self._lone_jobs_short:
                 if not self._wait_again(request):
                     request.done.set()
                 if held is not None:
+                    started = time.monotonic()
                     self._run_one(slot, held)
+                    if alone:
+                        self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
                 return
             with self._cond:
                 request.running = True
             timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request))
+            started = time.monotonic()
             self._run_one(slot, held)
+            self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
             with self._cond:
                 mine, request.running = request.running, False
             if not mine:

@@ -183,6 +183,53 @@ def test_a_job_claimed_on_wake_up_runs_on_the_thread_that_waited(
     assert all(name.startswith("jobq-handler-") for name in ran_on.values())
 
 
+def _thread_per_job(q, handlers, run_worker, live_storage, backend, jobs: int) -> list[str]:
+    """The handler thread each of ``jobs`` request/responses ran on, one after another, on an
+    idle worker of four slots (skipped where the storage does not claim as its wait ends)."""
+    from django_jobq.storage.base import Storage
+
+    if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
+        pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
+    ran_on: list[str] = []
+
+    def note_thread(job):
+        ran_on.append(threading.current_thread().name)
+        return job.payload
+
+    handlers.register("w", note_thread)
+    w = run_worker(concurrency=4)
+    assert wait_until(lambda: w.idle_claim == 4, 30)
+    for i in range(jobs):
+        assert q.enqueue_and_wait(f"t{i}", i, timeout=30) == i
+    return ran_on
+
+
+def test_a_quiet_worker_runs_short_lone_jobs_and_waits_again_on_one_thread(
+    q, handlers, run_worker, live_storage, backend, monkeypatch
+):
+    # Arrange: every job counts as short and none is long enough to have its wait passed on
+    # (so the machine's speed decides nothing here).
+    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    # Act
+    ran_on = _thread_per_job(q, handlers, run_worker, live_storage, backend, 6)
+    # Assert: the thread that claimed a job alone ran it and waited for the next itself.
+    assert len(set(ran_on)) == 1, ran_on
+
+
+def test_a_quiet_worker_whose_lone_jobs_are_not_short_passes_each_wait_on_first(
+    q, handlers, run_worker, live_storage, backend, monkeypatch
+):
+    # Arrange: no job counts as short (the first is run inline, as nothing is known yet).
+    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 0.0)
+    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    # Act
+    ran_on = _thread_per_job(q, handlers, run_worker, live_storage, backend, 6)
+    # Assert: from the second job on, each wait went to another thread before the job ran,
+    # so no two jobs in a row ran on the same thread.
+    assert all(a != b for a, b in zip(ran_on[1:], ran_on[2:], strict=False)), ran_on
+
+
 def test_a_long_job_on_the_thread_that_waited_does_not_hold_up_claiming(q, handlers, run_worker):
     # Arrange: a job that runs until the test lets it go, on a worker of two slots.
     started, release = threading.Event(), threading.Event()
