@@ -100,9 +100,10 @@ class _IdleWait:
     done: threading.Event = field(default_factory=threading.Event)
     due: float | None = None  # the next wait, as ``_idle`` returns it
     error: Exception | None = None  # the wait failed: raised in the fetcher's thread
-    # A handler thread runs the job this wait claimed before waiting again (under the
-    # worker's lock: whoever clears it, that thread or the watchdog, owns the next wait).
-    running: bool = False
+    # The mark of the run of the job this wait claimed, while a handler thread runs it before
+    # waiting again (under the worker's lock). Whoever clears its own run's mark, that thread
+    # or the watchdog, owns the next wait; a mark another run set is never theirs to clear.
+    running: object | None = None
 
 
 class Worker(ServingLoop):
@@ -378,28 +379,34 @@ class Worker(ServingLoop):
                     if alone:
                         self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
                 return
+            mark = object()
             with self._cond:
-                request.running = True
-            timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request))
+                request.running = mark
+            timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request, mark))
             started = time.monotonic()
             self._run_one(slot, held)
             self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
-            with self._cond:
-                mine, request.running = request.running, False
-            if not mine:
+            if not self._take(request, mark):
                 return  # the watchdog passed the wait on while the job ran
             self._watchdog.cancel(timer)
             if not self._wait_again(request, queued=False):
                 request.done.set()
                 return
 
-    def _pass_on(self, request: _IdleWait) -> None:
+    def _pass_on(self, request: _IdleWait, mark: object) -> None:
         """On the watchdog thread: the job run before the next wait outlasted
         ``PASS_ON_AFTER``, so the wait goes to another handler thread now."""
-        with self._cond:
-            mine, request.running = request.running, False
-        if mine and not self._wait_again(request):
+        if self._take(request, mark) and not self._wait_again(request):
             request.done.set()
+
+    def _take(self, request: _IdleWait, mark: object) -> bool:
+        """Whether the caller now owns ``request``: the run marked ``mark`` was still its
+        pending owner (neither the watchdog nor the running thread had taken it)."""
+        with self._cond:
+            if request.running is not mark:
+                return False
+            request.running = None
+            return True
 
     def _wait_again(self, request: _IdleWait, *, queued: bool = True) -> bool:
         """Ready ``request`` as the next idle wait when the fetcher's next step would be

@@ -69,13 +69,19 @@ def test_delivery_counters_per_group_and_outcome(live_storage):
         bc.publish_many([("a", 1), ("b", 2), ("c", 3)])
         assert wait_until(lambda: {s.group: s.dead for s in bc.status()}.get("bad") == 3, 30)
         assert wait_until(lambda: worker.stats["completed"] == 3, 30)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(DeliveryCollector(counted))
-        found = samples(generate_latest(registry))
         total = "jobq_broadcast_deliveries_total"
-        assert value(found, total, broadcast="m-dl", group="ok", outcome="completed") == 3
-        assert value(found, total, broadcast="m-dl", group="bad", outcome="retried") == 3
-        assert value(found, total, broadcast="m-dl", group="bad", outcome="dead") == 3
+        expected = {("ok", "completed"): 3, ("bad", "retried"): 3, ("bad", "dead"): 3}
+
+        def counts() -> dict:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(DeliveryCollector(counted))
+            found = samples(generate_latest(registry))
+            return {(g, o): value(found, total, broadcast="m-dl", group=g, outcome=o)
+                    for g, o in expected}  # fmt: skip
+
+        # The worker counts a verdict after storage accepted it, so storage's dead count
+        # can be ahead of the tally for a moment: wait for the tally itself.
+        assert wait_until(lambda: counts() == expected, 30), counts()
         scoped = CollectorRegistry(auto_describe=False)
         scoped.register(DeliveryCollector(counted, {"elsewhere"}))
         assert not samples(generate_latest(scoped))

@@ -125,3 +125,26 @@ def test_a_worker_that_took_a_full_batch_claims_again_without_a_new_signal(stora
         assert storage._claim_seen["w1"] == -1  # the re-armed wait: no count matches
     second = storage.wait_and_claim(Q, "w1", 1, LEASE, PATIENCE)
     assert [j.job_id for j in second.jobs] == ["b"]
+
+
+def test_close_returns_with_the_listen_connection_closed():
+    # Arrange: a storage whose LISTEN connection is up.
+    db_storage = DatabaseStorage("pg")
+    db_storage._ensure_listener()
+    listener = db_storage._listener
+    assert listener is not None and listener.ready.is_set()
+
+    def listening() -> int:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND datname = current_database() AND query LIKE 'LISTEN %%'"
+            )
+            return cursor.fetchone()[0]
+
+    assert wait_until(lambda: listening() == 1)
+    # Act
+    db_storage.close()
+    # Assert: nothing left for the next step (a DROP DATABASE, a migration) to trip over.
+    assert not listener.is_alive()
+    assert listening() == 0

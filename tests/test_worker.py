@@ -145,8 +145,18 @@ def test_graceful_stop_lets_the_running_job_finish(q, handlers, run_worker):
     assert q.get_result("g").value == "finished"
 
 
+def one_by_one(q, handlers, run_worker, handler, jobs: int) -> None:
+    """``jobs`` request/responses (payload = index), each sent after the last one's result,
+    to a worker of four slots started with ``handler`` and idle (its wait claims for all)."""
+    handlers.register("w", handler)
+    w = run_worker(concurrency=4)
+    assert wait_until(lambda: w.idle_claim == 4, 30)
+    for i in range(jobs):
+        assert q.enqueue_and_wait(f"t{i}", i, timeout=60) == i
+
+
 def test_a_job_claimed_on_wake_up_runs_on_the_thread_that_waited(
-    q, handlers, run_worker, live_storage, backend
+    q, handlers, run_worker, live_storage, backend, monkeypatch
 ):
     # Arrange: note which thread each wait_and_claim returned a job on (the storage method
     # is wrapped on the instance; the worker's choice to delegate looks at the class).
@@ -164,44 +174,70 @@ def test_a_job_claimed_on_wake_up_runs_on_the_thread_that_waited(
             waited_on[job.job_id] = threading.current_thread().name
         return batch
 
-    live_storage.wait_and_claim = noting
+    monkeypatch.setattr(live_storage, "wait_and_claim", noting)  # undone: no cycle left
     ran_on: dict[str, str] = {}
 
     def note_thread(job):
         ran_on[job.id] = threading.current_thread().name
         return job.payload
 
-    handlers.register("w", note_thread)
-    w = run_worker(concurrency=4)
-    assert wait_until(lambda: w.idle_claim == 4, 30)
     # Act: jobs sent one at a time to the idle worker.
-    for i in range(5):
-        assert q.enqueue_and_wait(f"t{i}", i, timeout=30) == i
+    one_by_one(q, handlers, run_worker, note_thread, 5)
     # Assert: each ran on a handler thread, the very one whose wait claimed it (no hop).
     assert set(waited_on) == set(ran_on) == {f"t{i}" for i in range(5)}
     assert all(ran_on[i] == waited_on[i] for i in ran_on), (ran_on, waited_on)
     assert all(name.startswith("jobq-handler-") for name in ran_on.values())
 
 
-def _thread_per_job(q, handlers, run_worker, live_storage, backend, jobs: int) -> list[str]:
-    """The handler thread each of ``jobs`` request/responses ran on, one after another, on an
-    idle worker of four slots (skipped where the storage does not claim as its wait ends)."""
+def _count_waits(live_storage, backend, monkeypatch) -> list[int]:
+    """``[n]``: how many of the worker's ``wait_and_claim`` calls are in flight (skipped where
+    the storage does not claim as its wait ends). Waits run one at a time, so the count needs
+    no lock; a second one in flight is what the tests using it look for."""
     from django_jobq.storage.base import Storage
 
     if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
         pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
-    ran_on: list[str] = []
+    in_flight = [0]
+    wait_and_claim = live_storage.wait_and_claim
 
-    def note_thread(job):
-        ran_on.append(threading.current_thread().name)
-        return job.payload
+    def counting(*args, **kwargs):
+        in_flight[0] += 1
+        try:
+            return wait_and_claim(*args, **kwargs)
+        finally:
+            in_flight[0] -= 1
 
-    handlers.register("w", note_thread)
-    w = run_worker(concurrency=4)
-    assert wait_until(lambda: w.idle_claim == 4, 30)
-    for i in range(jobs):
-        assert q.enqueue_and_wait(f"t{i}", i, timeout=30) == i
-    return ran_on
+    monkeypatch.setattr(live_storage, "wait_and_claim", counting)  # undone: no cycle left
+    return in_flight
+
+
+def _waits_around_lone_jobs(
+    q, handlers, run_worker, live_storage, backend, monkeypatch, jobs: int
+) -> list[tuple[str, str]]:
+    """Run ``jobs`` request/responses one after another on an idle worker of four slots and
+    return, for each wait that claimed one job, the thread that made it and the thread that
+    made the next wait (skipped where the storage does not claim as its wait ends). Waits run
+    one at a time, so their order is well defined; a wait that comes back empty (a timeout, or
+    a wake-up that found nothing) may move the chain to another thread, which is why the
+    pairs are taken around the waits that claimed, not from the threads the jobs ran on."""
+    from django_jobq.storage.base import Storage
+
+    if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
+        pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
+    waits: list[list] = []  # [thread, jobs claimed], in the order the waits started
+    wait_and_claim = live_storage.wait_and_claim
+
+    def noting(*args, **kwargs):
+        entry = [threading.current_thread().name, None]
+        waits.append(entry)
+        batch = wait_and_claim(*args, **kwargs)
+        entry[1] = len(batch.jobs) if batch is not None else 0
+        return batch
+
+    monkeypatch.setattr(live_storage, "wait_and_claim", noting)  # undone: no cycle left
+    one_by_one(q, handlers, run_worker, lambda job: job.payload, jobs)
+    assert wait_until(lambda: len(waits) > 0 and waits[-1][1] is None, 30)  # re-armed
+    return [(a[0], b[0]) for a, b in zip(waits, waits[1:], strict=False) if a[1] == 1]
 
 
 def test_a_quiet_worker_runs_short_lone_jobs_and_waits_again_on_one_thread(
@@ -212,22 +248,73 @@ def test_a_quiet_worker_runs_short_lone_jobs_and_waits_again_on_one_thread(
     monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
     monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
     # Act
-    ran_on = _thread_per_job(q, handlers, run_worker, live_storage, backend, 6)
-    # Assert: the thread that claimed a job alone ran it and waited for the next itself.
-    assert len(set(ran_on)) == 1, ran_on
+    pairs = _waits_around_lone_jobs(q, handlers, run_worker, live_storage, backend, monkeypatch, 6)
+    # Assert: the thread that claimed a job alone ran it and made the next wait itself.
+    assert len(pairs) == 6 and all(claimer == next_ for claimer, next_ in pairs), pairs
 
 
 def test_a_quiet_worker_whose_lone_jobs_are_not_short_passes_each_wait_on_first(
     q, handlers, run_worker, live_storage, backend, monkeypatch
 ):
-    # Arrange: no job counts as short (the first is run inline, as nothing is known yet).
+    # Arrange: no job counts as short (the first is run inline, as nothing is known yet), and
+    # none has its wait passed on by the watchdog; each handler looks for another thread's
+    # wait in flight while it runs.
     monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 0.0)
     monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    in_flight = _count_waits(live_storage, backend, monkeypatch)
+    seen: list[bool] = []
+
+    def handler(job):
+        if job.payload > 0:
+            seen.append(wait_until(lambda: in_flight[0] > 0, 30))
+        return job.payload
+
     # Act
-    ran_on = _thread_per_job(q, handlers, run_worker, live_storage, backend, 6)
-    # Assert: from the second job on, each wait went to another thread before the job ran,
-    # so no two jobs in a row ran on the same thread.
-    assert all(a != b for a, b in zip(ran_on[1:], ran_on[2:], strict=False)), ran_on
+    one_by_one(q, handlers, run_worker, handler, 6)
+    # Assert: from the second job on, the next wait was on its way while the job ran (run
+    # inline instead, no wait would be in flight until the job ended).
+    assert seen == [True] * 5
+
+
+def test_a_job_whose_wait_was_passed_on_never_takes_back_the_wait_of_a_later_run(
+    q, handlers, run_worker, live_storage, backend, monkeypatch
+):
+    # Arrange: every job counts as short; a long one has its wait passed on after 50 ms.
+    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 0.05)
+    in_flight = _count_waits(live_storage, backend, monkeypatch)
+    started = {"long": threading.Event(), "short": threading.Event()}
+    release = {"long": threading.Event(), "short": threading.Event()}
+
+    def handler(job):
+        if job.payload in started:
+            started[job.payload].set()
+            assert release[job.payload].wait(60)
+        return job.payload
+
+    handlers.register("w", handler)
+    w = run_worker(concurrency=4)
+    assert wait_until(lambda: w.idle_claim == 4, 30)
+    try:
+        # Act: the long job runs before its wait, which the watchdog passes on; then a short
+        # job is claimed alone by that wait and run before it (its wait kept: no pass-on now).
+        q.enqueue("long", "long")
+        assert started["long"].wait(30)
+        assert wait_until(lambda: in_flight[0] == 1, 30)
+        monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+        q.enqueue("short", "short")
+        assert started["short"].wait(30)
+        assert in_flight[0] == 0  # the short job's thread holds the wait while it runs
+        release["long"].set()  # the long job ends while the short one's run holds the wait
+        assert wait_until(lambda: q.get_status("long").state == JobState.COMPLETED, 30)
+        # Assert: the long job's thread left the wait to the run that holds it. Taking it
+        # back, it would wait again at once, beside the short job's thread later.
+        assert not wait_until(lambda: in_flight[0] > 0, 2)
+    finally:
+        for event in release.values():
+            event.set()
+    # ... and the short job's thread, which still owns the wait, goes on serving.
+    assert q.enqueue_and_wait("next", "next", timeout=30) == "next"
 
 
 def test_a_long_job_on_the_thread_that_waited_does_not_hold_up_claiming(q, handlers, run_worker):

@@ -285,9 +285,14 @@ class Wakeups(DatabaseCore):
                 )
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.stop()
-            self._listener = None
+        """Stop the listener and wait for it (up to 5 s; it looks every 0.5 s): its LISTEN
+        connection is closed when this returns, so whatever comes next (dropping the database,
+        a migration that locks it, a test run's teardown) does not find it still open."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+            if listener is not threading.current_thread():
+                listener.join(5)
 
 
 class _PgListener(threading.Thread):
@@ -299,7 +304,7 @@ class _PgListener(threading.Thread):
         self.using = using
         self.wake = wake
         self.ready = threading.Event()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # (Thread has a _stop of its own)
 
     def run(self) -> None:
         import psycopg
@@ -307,23 +312,23 @@ class _PgListener(threading.Thread):
         params = connections[self.using].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.ready.set()
                     # Whatever was sent while (re)connecting is unknown: let waiters re-read.
                     self.wake(None)
-                    while not self._stop.is_set():
+                    while not self._stopping.is_set():
                         for notify in conn.notifies(timeout=0.5, stop_after=64):
                             self.wake(notify.payload)
             except Exception as exc:  # database restart: reconnect; waiters re-read meanwhile
                 logger.warning("LISTEN connection lost (%s); reconnecting", exc)
-                self._stop.wait(1.0)
+                self._stopping.wait(1.0)
         self.ready.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 class _SqliteWatcher(threading.Thread):
@@ -336,19 +341,19 @@ class _SqliteWatcher(threading.Thread):
         self.wake = wake
         self.interval = interval
         self.ready = threading.Event()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # (Thread has a _stop of its own)
 
     def run(self) -> None:
         import sqlite3
 
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 conn = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
                 try:
                     seen = conn.execute("PRAGMA data_version").fetchone()[0]
                     self.ready.set()
                     self.wake(None)
-                    while not self._stop.wait(self.interval):
+                    while not self._stopping.wait(self.interval):
                         version = conn.execute("PRAGMA data_version").fetchone()[0]
                         if version != seen:  # a commit, of unknown meaning: everyone looks
                             seen = version
@@ -357,8 +362,8 @@ class _SqliteWatcher(threading.Thread):
                     conn.close()
             except Exception as exc:  # file replaced or locked for long: start over
                 logger.warning("SQLite watcher error (%s); restarting", exc)
-                self._stop.wait(1.0)
+                self._stopping.wait(1.0)
         self.ready.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
