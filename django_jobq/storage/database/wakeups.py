@@ -305,6 +305,9 @@ class _PgListener(threading.Thread):
         self.wake = wake
         self.ready = threading.Event()
         self._stopping = threading.Event()  # (Thread has a _stop of its own)
+        # The server process of the LISTEN connection while it is up (pg_stat_activity.pid):
+        # for an operator (or a test) to tell this connection from the others.
+        self.backend_pid: int | None = None
 
     def run(self) -> None:
         import psycopg
@@ -316,6 +319,7 @@ class _PgListener(threading.Thread):
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self.backend_pid = conn.info.backend_pid
                     self.ready.set()
                     # Whatever was sent while (re)connecting is unknown: let waiters re-read.
                     self.wake(None)
