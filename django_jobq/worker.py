@@ -374,24 +374,25 @@ class Worker(ServingLoop):
                 if not self._wait_again(request):
                     request.done.set()
                 if held is not None:
-                    started = time.monotonic()
-                    self._run_one(slot, held)
-                    if alone:
-                        self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
+                    (self._run_lone if alone else self._run_one)(slot, held)
                 return
-            mark = object()
-            with self._cond:
-                request.running = mark
+            # Set before the watchdog can see the request (schedule takes its lock), so no
+            # lock here; clearing it is a compare-and-clear, under the worker's (_take).
+            request.running = mark = object()
             timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request, mark))
-            started = time.monotonic()
-            self._run_one(slot, held)
-            self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
+            self._run_lone(slot, held)
             if not self._take(request, mark):
                 return  # the watchdog passed the wait on while the job ran
             self._watchdog.cancel(timer)
             if not self._wait_again(request, queued=False):
                 request.done.set()
                 return
+
+    def _run_lone(self, slot: int, held: ClaimedJob) -> None:
+        """``_run_one`` for a job a wait claimed alone, noting whether it was short."""
+        started = time.monotonic()
+        self._run_one(slot, held)
+        self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
 
     def _pass_on(self, request: _IdleWait, mark: object) -> None:
         """On the watchdog thread: the job run before the next wait outlasted
