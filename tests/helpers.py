@@ -37,6 +37,75 @@ def worker_ports(ports: range) -> range:
     return range(start, start + size)
 
 
+# Ports of the HTTP servers tests start (runserver, uvicorn); each xdist worker takes its slice.
+_sfirst, _, _slast = os.environ.get("JOBQ_TEST_SERVER_PORTS", "7600-7699").partition("-")
+SERVER_PORTS = range(int(_sfirst), int(_slast) + 1)
+
+
+def listening_sockets(port: int) -> set[str]:
+    """The ``socket:[inode]`` names of the TCP listeners on ``port`` (this network namespace)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a listener on ``port``. A server answering on the
+    port is not proof that it is the one a test started: another process (another xdist
+    worker's server) can take a port between the pick and the bind, and the test then talks
+    to a server of another database (CI saw a 401 for a key just created so)."""
+    sockets = listening_sockets(port)
+    if not sockets:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in sockets:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def start_server(
+    start: Callable[[int], subprocess.Popen], what: str
+) -> tuple[subprocess.Popen, int]:
+    """Start an HTTP server with ``start(port)`` on a port of this xdist worker's share of
+    ``SERVER_PORTS`` and return it once *it* listens there. A port someone else holds, or
+    takes before the server binds it, makes the server exit: the next port is tried."""
+    import socket
+
+    for port in worker_ports(SERVER_PORTS):
+        with socket.socket() as probe:  # as the servers bind: TIME_WAIT leftovers are no bar
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        proc = start(port)
+        wait_until(lambda p=proc, n=port: p.poll() is not None or listens(p.pid, n), PROCESS_START)
+        if listens(proc.pid, port):
+            return proc, port
+        log = getattr(proc, "log_path", None)
+        text = Path(log).read_text() if log else ""
+        if proc.poll() is None:
+            raise AssertionError(f"{what} neither listens on {port} nor exits:\n{text[-3000:]}")
+        if "in use" not in text:
+            raise AssertionError(f"{what} exited ({proc.returncode}):\n{text[-3000:]}")
+    raise RuntimeError(f"no port of {worker_ports(SERVER_PORTS)} left for {what}")
+
+
 def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> bool:
     """Bounded polling for test observations (never used by the product): returns as soon as
     ``predicate()`` holds, so a generous ``timeout`` costs a passing test nothing."""

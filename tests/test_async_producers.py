@@ -22,7 +22,7 @@ from django_jobq.queue import Queue
 from django_jobq.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
-from .helpers import PROCESS_START, ROOT, wait_until
+from .helpers import PROCESS_START, ROOT, start_server, wait_until
 from .jobsapp.jobs import proc_add
 from .test_tasks import REG, add
 
@@ -134,14 +134,21 @@ def asgi_server(backend, request, tmp_path, live_storage):
         }
     import os
 
-    port = 7550 + (os.getpid() % 40)
-    log = (tmp_path / "uvicorn.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    logs = []
+
+    def start(port: int) -> subprocess.Popen:
+        log = (tmp_path / f"uvicorn-{port}.log").open("w")
+        logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--workers", "1"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        return proc
+
+    server, port = start_server(start, "uvicorn")
     registry = HandlerRegistry()
     registry.register_task(proc_add)
     runner = Worker(["tests-tasks"], storage=live_storage, handlers=registry, reap_interval=0,
@@ -156,7 +163,8 @@ def asgi_server(backend, request, tmp_path, live_storage):
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait(10)
-    log.close()
+    for log in logs:
+        log.close()
 
 
 def get(url):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,24 +22,10 @@ from django_jobq.api.keys import create_key
 from django_jobq.conf import get_storage, reset_storage
 from django_jobq.queue import Queue
 
-from ..helpers import PROCESS_START, Spawner, wait_until
+from ..helpers import Spawner, start_server, wait_until
 
 pytestmark = pytest.mark.slow
 QUEUE = "tests-sse"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 class Stream:
@@ -95,20 +80,20 @@ def backend(request, settings, redis_prefix):
 
 @contextmanager
 def serving(kind: str, env: dict[str, str], tmp_path) -> Iterator[int]:
-    """A real server process (``runserver`` or uvicorn) on the test settings' URLs; its port."""
-    port = free_port()
+    """A real server process (``runserver`` or uvicorn) on the test settings' URLs; its port,
+    once that process itself listens there (not merely something answering on it)."""
     spawn = Spawner(tmp_path, env)
-    if kind == "runserver":
-        proc = spawn("runserver", f"127.0.0.1:{port}", "--noreload", log="runserver")
-    else:
+
+    def start(port: int):
+        if kind == "runserver":
+            return spawn("runserver", f"127.0.0.1:{port}", "--noreload", log="runserver")
         argv = [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
                 "--log-level", "warning"]  # fmt: skip
         spawn.argv = lambda args: list(args)  # type: ignore[method-assign]
-        proc = spawn(*argv, log="uvicorn")
+        return spawn(*argv, log="uvicorn")
+
     try:
-        assert wait_until(lambda: answers(port) or proc.poll() is not None, PROCESS_START)
-        assert proc.poll() is None, open(proc.log_path).read()  # type: ignore[attr-defined]
-        yield port
+        yield start_server(start, kind)[1]
     finally:
         spawn.stop_all()
 
