@@ -56,12 +56,13 @@ from .storage.base import Ack, Storage
 logger = logging.getLogger("django_jobq.worker")
 CANCEL_POLL = 1.0  # s between looks for operators' cancel requests of running jobs
 # A quiet worker's idle wait that claimed one job alone runs it before waiting again while
-# such jobs have been ending within INLINE_UNDER s (Worker._idle_wait); one that still runs
-# PASS_ON_AFTER s after it started has the wait passed to another handler thread: the most a
-# job arriving meanwhile waits for its claim beyond the usual, and at most one watchdog
-# wake-up per this under load.
+# such jobs have been ending within INLINE_UNDER s (Worker._idle_wait). While such runs happen,
+# the watchdog looks every PASS_ON_AFTER s; a run it finds going on for PASS_ON_AFTER or more
+# has its wait passed to another handler thread. So a job arriving meanwhile waits at most
+# twice this for its claim beyond the usual, and a busy worker pays one watchdog wake-up per
+# this, not one per job (measured: a wake-up per job cost the worker ~25 µs of CPU per job).
 INLINE_UNDER = 0.0005
-PASS_ON_AFTER = 0.002
+PASS_ON_AFTER = 0.005
 
 
 # Verdicts after which a flow child's parents may be released.
@@ -166,6 +167,12 @@ class Worker(ServingLoop):
         self._watchdog = Watchdog()
         # Whether the last job an idle wait claimed alone ended within INLINE_UNDER.
         self._lone_jobs_short = True
+        # The run of such a job going on now, (request, mark, started), and how the watchdog's
+        # look at it is kept going (all under self._cond; see _start_lone and _look_at_lone).
+        self._lone: tuple[_IdleWait, object, float] | None = None
+        self._lone_runs = 0  # runs started so far
+        self._lone_runs_seen = 0  # ... at the watchdog's last look
+        self._looking = False  # a look is scheduled
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
         self.stats = {
@@ -358,7 +365,7 @@ class Worker(ServingLoop):
         passing the next wait to another handler thread first costs a thread wake-up per
         job, on the path of every request/response, while nothing is left in the queue to
         claim. So that a job that turns out long never holds up claiming, the watchdog passes
-        the wait on (``_pass_on``) if the job still runs ``PASS_ON_AFTER`` later. A wait that
+        the wait on (``_look_at_lone``) once the job has run ``PASS_ON_AFTER``. A wait that
         brought several jobs (a busy queue), or one job while such jobs are not short, passes
         the next wait on before running its job, as the fetcher would. Either way the thread
         that ends the chain (an error, stopping, no free slot) wakes the fetcher (``done``)."""
@@ -376,14 +383,10 @@ class Worker(ServingLoop):
                 if held is not None:
                     (self._run_lone if alone else self._run_one)(slot, held)
                 return
-            # Set before the watchdog can see the request (schedule takes its lock), so no
-            # lock here; clearing it is a compare-and-clear, under the worker's (_take).
-            request.running = mark = object()
-            timer = self._watchdog.schedule(PASS_ON_AFTER, partial(self._pass_on, request, mark))
+            mark = self._start_lone(request)
             self._run_lone(slot, held)
             if not self._take(request, mark):
                 return  # the watchdog passed the wait on while the job ran
-            self._watchdog.cancel(timer)
             if not self._wait_again(request, queued=False):
                 request.done.set()
                 return
@@ -394,11 +397,36 @@ class Worker(ServingLoop):
         self._run_one(slot, held)
         self._lone_jobs_short = time.monotonic() - started < INLINE_UNDER
 
-    def _pass_on(self, request: _IdleWait, mark: object) -> None:
-        """On the watchdog thread: the job run before the next wait outlasted
-        ``PASS_ON_AFTER``, so the wait goes to another handler thread now."""
-        if self._take(request, mark) and not self._wait_again(request):
-            request.done.set()
+    def _start_lone(self, request: _IdleWait) -> object:
+        """Mark the run of a lone job before its wait (its mark returned) and make sure the
+        watchdog will look at it. Not a timer per job: one look every ``PASS_ON_AFTER``
+        while such runs go on (``_look_at_lone``), so a stream of short jobs costs no
+        watchdog wake-up per job; a quiet worker's watchdog sleeps."""
+        mark = object()
+        with self._cond:
+            request.running = mark
+            self._lone = (request, mark, time.monotonic())
+            self._lone_runs += 1
+            if self._looking:
+                return mark
+            self._looking = True
+        self._watchdog.schedule(PASS_ON_AFTER, self._look_at_lone)
+        return mark
+
+    def _look_at_lone(self) -> None:
+        """On the watchdog thread: pass the wait of a lone job's run on when the run has gone
+        on for ``PASS_ON_AFTER``; look again later while such runs go on, else stop looking."""
+        with self._cond:
+            lone = self._lone
+            busy = lone is not None or self._lone_runs != self._lone_runs_seen
+            self._lone_runs_seen = self._lone_runs
+            self._looking = busy
+        if busy:
+            self._watchdog.schedule(PASS_ON_AFTER, self._look_at_lone)
+        if lone is not None and time.monotonic() - lone[2] >= PASS_ON_AFTER:
+            request, mark, _ = lone
+            if self._take(request, mark) and not self._wait_again(request):
+                request.done.set()
 
     def _take(self, request: _IdleWait, mark: object) -> bool:
         """Whether the caller now owns ``request``: the run marked ``mark`` was still its
@@ -407,6 +435,8 @@ class Worker(ServingLoop):
             if request.running is not mark:
                 return False
             request.running = None
+            if self._lone is not None and self._lone[1] is mark:
+                self._lone = None
             return True
 
     def _wait_again(self, request: _IdleWait, *, queued: bool = True) -> bool:

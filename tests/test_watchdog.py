@@ -1,6 +1,6 @@
-"""The worker's one timer thread (soft timeouts, and passing an idle wait on when the job run
-before it outlasts ``PASS_ON_AFTER``). It wakes only when a new deadline comes first, so these
-check that a deadline is never slept past because of that."""
+"""The worker's one timer thread (soft timeouts, and the looks that pass an idle wait on when
+the lone job run before it has gone on for ``PASS_ON_AFTER``). It wakes only when a new
+deadline comes first, so these check that a deadline is never slept past because of that."""
 
 from __future__ import annotations
 

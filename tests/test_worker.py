@@ -276,6 +276,53 @@ def test_a_quiet_worker_whose_lone_jobs_are_not_short_passes_each_wait_on_first(
     assert seen == [True] * 5
 
 
+def test_lone_jobs_of_a_quiet_worker_set_no_timer_per_job(
+    q, handlers, run_worker, live_storage, backend, monkeypatch
+):
+    # Arrange: every job counts as short and the watchdog's look is an hour away; the
+    # watchdog's schedule calls are counted (no handler here has a soft timeout).
+    from django_jobq.pools.watchdog import Watchdog
+
+    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    _count_waits(live_storage, backend, monkeypatch)  # (skips where no wait claims)
+    delays: list[float] = []
+    schedule = Watchdog.schedule
+
+    def counting(self, delay, callback):
+        delays.append(delay)
+        return schedule(self, delay, callback)
+
+    monkeypatch.setattr(Watchdog, "schedule", counting)
+    # Act: eight request/responses, each job run by the thread whose wait claimed it.
+    one_by_one(q, handlers, run_worker, lambda job: job.payload, 8)
+    # Assert: one look armed for the whole stream. A timer per job (scheduled, then
+    # cancelled) woke the watchdog's thread about once per two jobs, at ~25 µs of the
+    # worker's CPU per job.
+    assert delays == [3600.0]
+
+
+def test_the_watchdog_stops_looking_at_lone_jobs_once_the_worker_is_quiet(
+    q, handlers, run_worker, live_storage, backend, monkeypatch
+):
+    # Arrange: looks every 20 ms; every job counts as short.
+    from .test_watchdog import asleep
+
+    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 0.02)
+    _count_waits(live_storage, backend, monkeypatch)
+    handlers.register("w", lambda job: job.payload)
+    w = run_worker(concurrency=4)
+    assert wait_until(lambda: w.idle_claim == 4, 30)
+    # Act: a few request/responses, then nothing.
+    for i in range(4):
+        assert q.enqueue_and_wait(f"t{i}", i, timeout=60) == i
+    # Assert: the looks stop, leaving the watchdog's thread parked with nothing scheduled
+    # (a quiet worker's watchdog never wakes), and the wait is still served afterwards.
+    assert wait_until(lambda: not w._looking and not w._watchdog._heap and asleep(w._watchdog))
+    assert q.enqueue_and_wait("after", "after", timeout=60) == "after"
+
+
 def test_a_job_whose_wait_was_passed_on_never_takes_back_the_wait_of_a_later_run(
     q, handlers, run_worker, live_storage, backend, monkeypatch
 ):
