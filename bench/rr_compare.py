@@ -30,7 +30,7 @@ from bench.core import ROOT, log
 
 FIELDS = ("handoff_p50_us", "handoff_p99_vs_handoff_p50", "rr_p50_vs_handoff_p50",
           "rr_p99_vs_handoff_p50", "client_cpu_us_per_rr", "client_user_cpu_us_per_rr",
-          "worker_cpu_us_per_rr")  # fmt: skip
+          "worker_cpu_us_per_rr", "rr_p99_after_first_vs_handoff_p50")  # fmt: skip
 
 
 def one_side(blocks: int) -> dict[str, Any]:
