@@ -43,7 +43,9 @@ def _decodes_as_json_loads(data: bytes) -> None:
     """The serde's answer is json.loads's: the same value, or InvalidPayload where it raises."""
     ok, expected = _reference(data)
     if ok:
-        assert SERDE.loads(data) == expected
+        # Compared by repr: json.loads reads NaN (found by hypothesis: b"NaN"), and NaN is
+        # not equal to itself; repr also tells 1 from 1.0 and -0.0 from 0.0.
+        assert repr(SERDE.loads(data)) == repr(expected)
     else:
         with pytest.raises(InvalidPayload):
             SERDE.loads(data)
@@ -64,6 +66,16 @@ def test_any_bytes_decode_as_json_loads_decodes_them_or_are_refused_as_it_refuse
     _decodes_as_json_loads(data)
 
 
-@pytest.mark.parametrize("data", [b"\xef\xbb\xbf[1]", b'{"a":"\xc3\xa9"}', b"\x00[\x001\x00]", b""])
-def test_edges_bom_accents_nul_and_empty(data):
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xef\xbb\xbf[1]",
+        b'{"a":"\xc3\xa9"}',
+        b"\x00[\x001\x00]",
+        b"",
+        b"NaN",
+        b"[Infinity,-0.0,1]",
+    ],  # fmt: skip
+)
+def test_edges_bom_accents_nul_empty_and_non_finite(data):
     _decodes_as_json_loads(data)
