@@ -101,10 +101,6 @@ class _IdleWait:
     done: threading.Event = field(default_factory=threading.Event)
     due: float | None = None  # the next wait, as ``_idle`` returns it
     error: Exception | None = None  # the wait failed: raised in the fetcher's thread
-    # The mark of the run of the job this wait claimed, while a handler thread runs it before
-    # waiting again (under the worker's lock). Whoever clears its own run's mark, that thread
-    # or the watchdog, owns the next wait; a mark another run set is never theirs to clear.
-    running: object | None = None
 
 
 class Worker(ServingLoop):
@@ -167,12 +163,14 @@ class Worker(ServingLoop):
         self._watchdog = Watchdog()
         # Whether the last job an idle wait claimed alone ended within INLINE_UNDER.
         self._lone_jobs_short = True
-        # The run of such a job going on now, (request, mark, started), and how the watchdog's
-        # look at it is kept going (all under self._cond; see _start_lone and _look_at_lone).
+        # The run of such a job going on now, before its wait: (request, mark, started). The
+        # mark is the run's own: whoever clears it (_take), that thread or the watchdog, owns
+        # the next wait, so there is one wait at a time, and a thread whose wait was passed
+        # on never clears a later run's. With the watchdog's looks (all under self._cond;
+        # see _start_lone and _look_at_lone): a look is scheduled; a run began since the last.
         self._lone: tuple[_IdleWait, object, float] | None = None
-        self._lone_runs = 0  # runs started so far
-        self._lone_runs_seen = 0  # ... at the watchdog's last look
-        self._looking = False  # a look is scheduled
+        self._looking = False
+        self._lone_since_look = False
         self.heartbeat_interval = self.lease / 3000
         self._started_ms = int(time.time() * 1000)
         self.stats = {
@@ -385,7 +383,7 @@ class Worker(ServingLoop):
                 return
             mark = self._start_lone(request)
             self._run_lone(slot, held)
-            if not self._take(request, mark):
+            if not self._take(mark):
                 return  # the watchdog passed the wait on while the job ran
             if not self._wait_again(request, queued=False):
                 request.done.set()
@@ -404,9 +402,8 @@ class Worker(ServingLoop):
         watchdog wake-up per job; a quiet worker's watchdog sleeps."""
         mark = object()
         with self._cond:
-            request.running = mark
             self._lone = (request, mark, time.monotonic())
-            self._lone_runs += 1
+            self._lone_since_look = True
             if self._looking:
                 return mark
             self._looking = True
@@ -418,25 +415,23 @@ class Worker(ServingLoop):
         on for ``PASS_ON_AFTER``; look again later while such runs go on, else stop looking."""
         with self._cond:
             lone = self._lone
-            busy = lone is not None or self._lone_runs != self._lone_runs_seen
-            self._lone_runs_seen = self._lone_runs
+            busy = lone is not None or self._lone_since_look
+            self._lone_since_look = False
             self._looking = busy
         if busy:
             self._watchdog.schedule(PASS_ON_AFTER, self._look_at_lone)
         if lone is not None and time.monotonic() - lone[2] >= PASS_ON_AFTER:
             request, mark, _ = lone
-            if self._take(request, mark) and not self._wait_again(request):
+            if self._take(mark) and not self._wait_again(request):
                 request.done.set()
 
-    def _take(self, request: _IdleWait, mark: object) -> bool:
-        """Whether the caller now owns ``request``: the run marked ``mark`` was still its
-        pending owner (neither the watchdog nor the running thread had taken it)."""
+    def _take(self, mark: object) -> bool:
+        """Whether the caller now owns the wait of the lone run marked ``mark``: that run was
+        still pending (neither the watchdog nor the running thread had taken its wait)."""
         with self._cond:
-            if request.running is not mark:
+            if self._lone is None or self._lone[1] is not mark:
                 return False
-            request.running = None
-            if self._lone is not None and self._lone[1] is mark:
-                self._lone = None
+            self._lone = None
             return True
 
     def _wait_again(self, request: _IdleWait, *, queued: bool = True) -> bool:
