@@ -592,10 +592,6 @@ def measure_rr_vs_handoff(
     ratios: list[float] = []
     rr_all: list[int] = []
     handoff_all: list[int] = []
-    # Each block's first call and first hand-off, after ~per_block hand-offs (or calls) of the
-    # other kind: every process on its path was idle meanwhile (see the diagnostics below).
-    rr_first: list[int] = []
-    handoff_first: list[int] = []
     client_cpu = worker_cpu = 0  # ns of CPU over the rr blocks (not the hand-off's)
     client_user = 0.0  # s of the caller's user-mode CPU (its Python, without the kernel's)
     with running_worker(concurrency, log_dir) as proc:
@@ -624,8 +620,6 @@ def measure_rr_vs_handoff(
                 ratios.append(statistics.median(rr) / statistics.median(handoff))
                 rr_all += rr
                 handoff_all += handoff
-                rr_first.append(rr[0])
-                handoff_first.append(handoff[0])
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited {proc.returncode} during the rr test")
         finally:
@@ -635,6 +629,9 @@ def measure_rr_vs_handoff(
                 child.join(timeout=10)
             client.unlink(inbox, outbox, outbox + ":result")
     rr_sum = latency_summary(rr_all, 1e3)
+    # Each block's first call and first hand-off (every per_block-th sample) come after a
+    # block of the other kind, which every process on their path sat idle through.
+    rr_first, handoff_first = rr_all[::per_block], handoff_all[::per_block]
     handoff_p50 = statistics.median(handoff_all) / 1e3
     return {
         "blocks": blocks,
