@@ -78,21 +78,29 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
+def bindable(port: int) -> bool:
+    """Whether a server could bind ``port`` on loopback now, probed as servers bind
+    (SO_REUSEADDR): a port a stopped server left connections in TIME_WAIT on is free for the
+    next one (without the option, quick starts and stops used a whole range up for a
+    minute)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def start_server(
     start: Callable[[int], subprocess.Popen], what: str
 ) -> tuple[subprocess.Popen, int]:
     """Start an HTTP server with ``start(port)`` on a port of this xdist worker's share of
     ``SERVER_PORTS`` and return it once *it* listens there. A port someone else holds, or
     takes before the server binds it, makes the server exit: the next port is tried."""
-    import socket
-
-    for port in worker_ports(SERVER_PORTS):
-        with socket.socket() as probe:  # as the servers bind: TIME_WAIT leftovers are no bar
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+    for port in filter(bindable, worker_ports(SERVER_PORTS)):
         proc = start(port)
         wait_until(lambda p=proc, n=port: p.poll() is not None or listens(p.pid, n), PROCESS_START)
         if listens(proc.pid, port):

@@ -8,13 +8,12 @@ its own (``tests/chaos/servers.py``) on another port range, so both can run at o
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 from django_jobq.storage.redis.connection import client_from_url
 
-from .helpers import wait_until, worker_ports
+from .helpers import bindable, wait_until, worker_ports
 
 # Ports of these private servers: nothing else on the machine uses them.
 _first, _, _last = os.environ.get("JOBQ_TEST_PRIVATE_PORTS", "7300-7319").partition("-")
@@ -22,17 +21,9 @@ PORT_RANGE = worker_ports(range(int(_first), int(_last) + 1))
 
 
 def free_port() -> int:
-    """A port of the range nothing listens on. Probed as redis-server binds (SO_REUSEADDR):
-    a port a stopped server left connections in TIME_WAIT on is free for the next one, and
-    without the option 20 quick starts and stops used the whole range up for a minute."""
-    for port in PORT_RANGE:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+    """A port of the range nothing listens on (``bindable``, as redis-server binds)."""
+    for port in filter(bindable, PORT_RANGE):
+        return port
     raise RuntimeError(f"no free port left in {PORT_RANGE}")
 
 
