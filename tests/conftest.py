@@ -55,11 +55,11 @@ def clock() -> FakeClock:
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):
     """pytest-django's, plus: before the test databases are dropped, every database
-    storage still alive stops its wake-up listener. A storage that a test (or a JOBQ setting
-    change, which only drops the process's storage) left unclosed keeps its PostgreSQL LISTEN
-    session open, and DROP DATABASE then refused: "being accessed by other users", a
-    teardown warning in 1-3 xdist workers of each full run (the LISTEN sessions, found by
-    listing pg_stat_activity at the last test)."""
+    storage still alive stops its wake-up listener. An open PostgreSQL LISTEN session makes
+    DROP DATABASE refuse ("being accessed by other users", a teardown warning). A storage
+    dropped unclosed (a JOBQ setting change drops the process's) now ends its listener by
+    itself once collected (tests/test_dropped_storage.py); this closes the ones something
+    still holds at the end of the session."""
     yield
     gc.collect()
     for obj in gc.get_objects():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -295,16 +296,48 @@ class Wakeups(DatabaseCore):
                 listener.join(5)
 
 
-class _PgListener(threading.Thread):
+class _Watcher(threading.Thread):
+    """A storage's wake-up thread, holding its storage only weakly.
+
+    The thread calls the storage's ``_wake_local``; held strongly, that bound method kept a
+    storage dropped without ``close()`` alive for as long as its own thread ran, i.e. until
+    the process exited, with its connection (a PostgreSQL LISTEN session) open. A ``JOBQ``
+    setting change drops the process's storage that way (``conf.reset_storage``: anything
+    still holding the old storage may go on using it, so it is not closed), and so does any
+    storage a program builds and lets go. Now the thread ends at its next look once the
+    storage is collected (within 0.5 s on PostgreSQL, one poll interval on SQLite) and
+    closes its connection on the way out."""
+
+    def __init__(self, name: str, wake: Callable[[str | None], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._owner = weakref.WeakMethod(wake)
+        self.ready = threading.Event()
+        self._stopping = threading.Event()  # (Thread has a _stop of its own)
+
+    def running(self) -> bool:
+        """Neither stopped nor orphaned (its storage collected)."""
+        return not self._stopping.is_set() and self._owner() is not None
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` (a stop ends it early); whether to go on."""
+        return not self._stopping.wait(seconds) and self._owner() is not None
+
+    def wake(self, message: str | None) -> None:
+        wake = self._owner()
+        if wake is not None:
+            wake(message)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
+class _PgListener(_Watcher):
     """One LISTEN connection per storage, outside Django's pool, that turns NOTIFYs from any
     process into wake-ups of this process's waiters."""
 
     def __init__(self, using: str, wake: Callable[[str | None], None]) -> None:
-        super().__init__(name="jobq-pg-listener", daemon=True)
+        super().__init__("jobq-pg-listener", wake)
         self.using = using
-        self.wake = wake
-        self.ready = threading.Event()
-        self._stopping = threading.Event()  # (Thread has a _stop of its own)
         # The server process of the LISTEN connection while it is up (pg_stat_activity.pid):
         # for an operator (or a test) to tell this connection from the others.
         self.backend_pid: int | None = None
@@ -315,7 +348,7 @@ class _PgListener(threading.Thread):
         params = connections[self.using].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
-        while not self._stopping.is_set():
+        while self.running():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
@@ -323,41 +356,35 @@ class _PgListener(threading.Thread):
                     self.ready.set()
                     # Whatever was sent while (re)connecting is unknown: let waiters re-read.
                     self.wake(None)
-                    while not self._stopping.is_set():
+                    while self.running():
                         for notify in conn.notifies(timeout=0.5, stop_after=64):
                             self.wake(notify.payload)
             except Exception as exc:  # database restart: reconnect; waiters re-read meanwhile
                 logger.warning("LISTEN connection lost (%s); reconnecting", exc)
-                self._stopping.wait(1.0)
+                self.pause(1.0)
         self.ready.set()
 
-    def stop(self) -> None:
-        self._stopping.set()
 
-
-class _SqliteWatcher(threading.Thread):
+class _SqliteWatcher(_Watcher):
     """Turns commits of other connections (any process) into wake-ups: ``data_version`` is
     read from the WAL index in shared memory, so the check is cheap enough to run often."""
 
     def __init__(self, path: str, wake: Callable[[str | None], None], interval: float) -> None:
-        super().__init__(name="jobq-sqlite-watcher", daemon=True)
+        super().__init__("jobq-sqlite-watcher", wake)
         self.path = path
-        self.wake = wake
         self.interval = interval
-        self.ready = threading.Event()
-        self._stopping = threading.Event()  # (Thread has a _stop of its own)
 
     def run(self) -> None:
         import sqlite3
 
-        while not self._stopping.is_set():
+        while self.running():
             try:
                 conn = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
                 try:
                     seen = conn.execute("PRAGMA data_version").fetchone()[0]
                     self.ready.set()
                     self.wake(None)
-                    while not self._stopping.wait(self.interval):
+                    while self.pause(self.interval):
                         version = conn.execute("PRAGMA data_version").fetchone()[0]
                         if version != seen:  # a commit, of unknown meaning: everyone looks
                             seen = version
@@ -366,8 +393,5 @@ class _SqliteWatcher(threading.Thread):
                     conn.close()
             except Exception as exc:  # file replaced or locked for long: start over
                 logger.warning("SQLite watcher error (%s); restarting", exc)
-                self._stopping.wait(1.0)
+                self.pause(1.0)
         self.ready.set()
-
-    def stop(self) -> None:
-        self._stopping.set()
