@@ -135,8 +135,11 @@ RR_LEGS = (
 )
 
 
-def profile_rr(calls: int, concurrency: int, prefix: str) -> None:
-    """Median of every leg of a request/response, client and worker stamps aligned by id."""
+def profile_rr(calls: int, concurrency: int, prefix: str, gap_ms: float = 0) -> None:
+    """Median of every leg of a request/response, client and worker stamps aligned by id.
+    ``gap_ms``: every call after that long a pause (as each block's first call in
+    ``bench.core``'s interleaved measurement, which comes after the worker sat idle), so the
+    legs say where an idle machine's first call spends its extra time."""
     from django_jobq.conf import get_storage
     from django_jobq.queue import Queue
 
@@ -180,6 +183,8 @@ def profile_rr(calls: int, concurrency: int, prefix: str) -> None:
             queue.enqueue_and_wait(payload={"n": i}, timeout=10)
         client_stamps.clear()
         for i in range(calls):
+            if gap_ms:
+                time.sleep(gap_ms / 1000)
             job_id = uuid.uuid4().hex
             t0 = time.monotonic_ns()
             queue.enqueue_and_wait(job_id, {"n": i}, timeout=10)
@@ -216,7 +221,8 @@ def profile_rr(calls: int, concurrency: int, prefix: str) -> None:
         for name, value in zip(RR_LEGS, values, strict=True):
             if value is not None:
                 legs[name].append(value)
-    print(f"{calls} enqueue_and_wait calls, worker concurrency {concurrency} (µs):")
+    gap = f", each after a {gap_ms:g} ms pause" if gap_ms else ""
+    print(f"{calls} enqueue_and_wait calls, worker concurrency {concurrency}{gap} (µs):")
     for name, values in legs.items():
         values.sort()
         p50 = statistics.median(values) / 1e3
@@ -351,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["rr", "drain", "enqueue", "_worker"])
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--gap-ms", type=float, default=0, help="rr: idle pause before each call")
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--top", type=int, default=25)
@@ -379,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_django(prefix)
     try:
         if args.what == "rr":
-            profile_rr(args.calls, args.concurrency or 8, prefix)
+            profile_rr(args.calls, args.concurrency or 8, prefix, args.gap_ms)
         elif args.what == "drain":
             profile_drain(args.jobs or 10_000, args.concurrency or 64, args.top, args.shared_rng)
         else:
