@@ -30,10 +30,13 @@ from asgiref.sync import sync_to_async
 from .job import FinalOutcome, JobRecord, NewJob, StoredEnqueue, final_outcome
 from .storage.base import Storage
 
-# The async clients, per event loop (weak: a closed loop's clients go with it), then per storage.
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Any]] = (
-    weakref.WeakKeyDictionary()
-)
+# The async clients, per event loop, then per storage; weak on both sides, so a closed loop's
+# clients go with it and so does the client of a storage that was let go (a JOBQ setting change
+# replaces the process's storage). Keyed by id(storage) as before, a later storage could get a
+# collected one's id and be handed its client: another server or database than its own.
+_CLIENTS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Storage, Any]
+] = weakref.WeakKeyDictionary()
 
 
 def native(storage: Storage) -> bool:
@@ -50,10 +53,12 @@ def native(storage: Storage) -> bool:
 
 def _async_client(storage: Any) -> Any:
     loop = asyncio.get_running_loop()
-    per_loop = _CLIENTS.setdefault(loop, {})
-    client = per_loop.get(id(storage))
+    per_loop = _CLIENTS.get(loop)
+    if per_loop is None:
+        per_loop = _CLIENTS[loop] = weakref.WeakKeyDictionary()
+    client = per_loop.get(storage)
     if client is None:
-        client = per_loop[id(storage)] = _client_like(storage.client)
+        client = per_loop[storage] = _client_like(storage.client)
     return client
 
 

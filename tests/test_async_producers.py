@@ -188,3 +188,41 @@ def test_an_async_view_under_uvicorn_enqueues_a_task_and_gets_its_value(asgi_ser
     assert body["outcome"] == "queued" and body["state"] in ("queued", "active", "completed")
     assert wait_until(lambda: queue.get_status("asgi-1").state is JobState.COMPLETED)
     assert queue.get_result("asgi-1").value["sum"] == 3
+
+
+@pytest.mark.redis
+def test_an_async_client_belongs_to_its_storage_and_goes_with_it(redis_client, redis_prefix):
+    """The async client of a storage that was let go is dropped, and a later storage gets a
+    client of its own: keyed by ``id(storage)``, entries were never dropped and a new storage
+    that reused a collected one's id was handed that storage's client (its server and
+    database, not the new one's)."""
+    import gc
+
+    from django_jobq import aio
+    from django_jobq.storage.redis.connection import client_from_url
+    from django_jobq.storage.redis.storage import RedisStorage
+
+    url = redis_client.connection_pool.connection_kwargs
+    other_db = client_from_url(f"redis://{url['host']}:{url['port']}/{(url['db'] + 1) % 16}")
+
+    async def main():
+        first = RedisStorage(redis_client, prefix=redis_prefix)
+        assert await Queue(Q, storage=first).aenqueue("a1", 1) is not None
+        per_loop = aio._CLIENTS[asyncio.get_running_loop()]
+        assert list(per_loop.keys()) == [first]
+        del first
+        gc.collect()
+        assert len(per_loop) == 0  # the int-keyed map kept it for the loop's lifetime
+        second = RedisStorage(other_db, prefix=redis_prefix)
+        assert await Queue(Q, storage=second).aenqueue("b1", 1) is not None
+        client = per_loop[second]
+        assert client.connection_pool.connection_kwargs["db"] == (url["db"] + 1) % 16
+        await client.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        keys = list(other_db.scan_iter(match="{" + redis_prefix + "*", count=1000))
+        if keys:
+            other_db.delete(*keys)
+        other_db.close()
