@@ -125,6 +125,25 @@ def wait_until(predicate, timeout: float = PATIENCE, interval: float = 0.01) -> 
     return predicate()
 
 
+def up_listener(storage: Any) -> Any:
+    """A database storage's wake-up thread, started and connected (PostgreSQL: LISTEN is on;
+    SQLite: the watcher has read its first ``data_version``)."""
+    storage._ensure_listener()
+    listener = storage._listener
+    assert listener is not None and listener.ready.is_set()
+    return listener
+
+
+def listen_session_open(pid: int | None) -> bool:
+    """Whether PostgreSQL still lists the server process ``pid`` (a LISTEN connection's)."""
+    from django.db import connections
+
+    assert pid is not None
+    with connections["pg"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] == 1
+
+
 def log_tail(path: str | Path, lines: int = 40) -> str:
     """The end of a spawned process's log, for an assertion message: CI keeps the test output,
     not the temporary directory the log was written to."""

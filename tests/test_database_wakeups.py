@@ -17,7 +17,7 @@ from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
 from django_jobq.storage.database import DatabaseStorage
 
-from .helpers import PATIENCE, wait_until
+from .helpers import PATIENCE, listen_session_open, up_listener, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["pg"], transaction=True)]
 
@@ -131,17 +131,9 @@ def test_close_returns_with_the_listen_connection_closed():
     # Arrange: a storage whose LISTEN connection is up (other tests' storages may have theirs
     # too: this one is told apart by its server process).
     db_storage = DatabaseStorage("pg")
-    db_storage._ensure_listener()
-    listener = db_storage._listener
-    assert listener is not None and listener.ready.is_set()
+    listener = up_listener(db_storage)
     pid = listener.backend_pid
-
-    def connected() -> bool:
-        with connections["pg"].cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
-            return cursor.fetchone()[0] == 1
-
-    assert pid is not None and connected()
+    assert listen_session_open(pid)
     # Act
     db_storage.close()
     # Assert: the listener thread, which closes its connection on its way out, is gone when
@@ -149,4 +141,4 @@ def test_close_returns_with_the_listen_connection_closed():
     # hung up, on its own schedule: CI saw it still listed right after; DROP DATABASE waits
     # up to 5 s for such a session). Without the join the thread was still running here.
     assert not listener.is_alive()
-    assert wait_until(lambda: not connected())
+    assert wait_until(lambda: not listen_session_open(pid))

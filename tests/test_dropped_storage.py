@@ -10,19 +10,12 @@ from __future__ import annotations
 import gc
 
 import pytest
-from django.db import connections
 from django.test import override_settings
 
 from django_jobq.conf import get_storage, jobq_settings
 from django_jobq.storage.database import DatabaseStorage
 
-from .helpers import wait_until
-
-
-def listen_session_open(pid: int) -> bool:
-    with connections["pg"].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
-        return cursor.fetchone()[0] == 1
+from .helpers import listen_session_open, up_listener, wait_until
 
 
 @pytest.mark.postgres
@@ -31,11 +24,9 @@ def test_a_dropped_postgres_storage_ends_its_listener_and_listen_session():
     # Arrange: a storage whose LISTEN connection is up, told apart from other tests'
     # listeners by its server process.
     storage = DatabaseStorage("pg")
-    storage._ensure_listener()
-    listener = storage._listener
-    assert listener is not None and listener.ready.is_set()
+    listener = up_listener(storage)
     pid = listener.backend_pid
-    assert pid is not None and listen_session_open(pid)
+    assert listen_session_open(pid)
     # Act: the last reference goes, without close().
     del storage
     gc.collect()
@@ -47,9 +38,7 @@ def test_a_dropped_postgres_storage_ends_its_listener_and_listen_session():
 @pytest.mark.django_db(transaction=True)
 def test_a_dropped_sqlite_storage_ends_its_watcher():
     storage = DatabaseStorage("default")
-    storage._ensure_listener()
-    watcher = storage._listener
-    assert watcher is not None and watcher.ready.is_set()
+    watcher = up_listener(storage)
     del storage
     gc.collect()
     assert wait_until(lambda: not watcher.is_alive())
@@ -63,22 +52,18 @@ def test_a_setting_change_lets_the_old_storage_go_but_not_while_it_is_held():
     # whose storage the test keeps (as code that took get_storage() earlier may).
     with override_settings(JOBQ=conf):
         dropped = get_storage()
-        dropped._ensure_listener()
-        dropped_listener = dropped._listener
-        assert dropped_listener is not None and dropped_listener.ready.is_set()
+        dropped_listener = up_listener(dropped)
         pid = dropped_listener.backend_pid
         del dropped
     with override_settings(JOBQ={**conf, "PREFIX": "jobqtest-held"}):
         held = get_storage()
-        held._ensure_listener()
-        held_listener = held._listener
-        assert held_listener is not None and held_listener.ready.is_set()
+        held_listener = up_listener(held)
     # Act: both settings changes are undone; nothing references the first storage.
     gc.collect()
     # Assert: the dropped storage's thread and LISTEN session end; the held one's still runs
     # (its owner is alive: decided now, not after a wait) until it is closed.
     assert wait_until(lambda: not dropped_listener.is_alive())
-    assert pid is not None and wait_until(lambda: not listen_session_open(pid))
+    assert wait_until(lambda: not listen_session_open(pid))
     assert held_listener.running() and held_listener.is_alive()
     held.close()
     assert not held_listener.is_alive()
