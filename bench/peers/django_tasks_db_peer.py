@@ -28,7 +28,7 @@ import django
 from django.conf import settings
 
 from bench.peers.common import QUEUE, Adapter, probe_record
-from bench.peers.pg import conninfo
+from bench.peers.pg import ANALYZE_AFTER_FILL, conninfo
 
 ENQ_QUEUE = "peerbench-enq"
 INTERVAL = "0.01"
@@ -89,6 +89,8 @@ def make_adapter() -> Adapter:
         with transaction.atomic():
             for i in range(n):
                 noop.enqueue(n=i)
+        with connection.cursor() as cursor:
+            cursor.execute(ANALYZE_AFTER_FILL)  # as autovacuum would (see pg.py)
 
     def worker_command(role: str) -> list[str]:
         return [sys.executable, "-m", "bench.peers.common", "django_tasks_db", "worker", role]

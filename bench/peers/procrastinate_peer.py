@@ -13,7 +13,8 @@ Most favourable reasonable settings, and why:
 - bulk: ``Task.batch_defer``, 1,000 jobs per call, as for django_jobq;
 - ``delete_jobs="never"`` (the default): finished jobs are kept, as django_jobq keeps records.
 
-The jobs table is emptied before each workload (``TRUNCATE``), in its own database.
+The jobs table is emptied before each workload (``TRUNCATE``), in its own database, and
+analyzed after the drain's jobs are queued, as autovacuum would (``pg.ANALYZE_AFTER_FILL``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from importlib.metadata import version
 import procrastinate
 
 from bench.peers.common import QUEUE, Adapter, probe_record
-from bench.peers.pg import conninfo
+from bench.peers.pg import ANALYZE_AFTER_FILL, conninfo
 
 ENQ_QUEUE = "peerbench-enq"
 DRAIN_CONCURRENCY = 10
@@ -70,6 +71,7 @@ def make_adapter() -> Adapter:
     def fill(n: int) -> None:
         for offset in range(0, n, 1000):
             drain_deferrer.batch_defer(*({"n": i} for i in range(offset, min(n, offset + 1000))))
+        app.connector.get_sync_connector().execute_query(ANALYZE_AFTER_FILL)  # see pg.py
 
     def worker_command(role: str) -> list[str]:
         return [sys.executable, "-m", "bench.peers.common", "procrastinate", "worker", role]
