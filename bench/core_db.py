@@ -97,15 +97,14 @@ def reset() -> None:
 
 
 def analyze() -> None:
-    """On PostgreSQL, ``ANALYZE`` the freshly filled tables, as autovacuum would soon after a
-    drain's jobs are queued; this machine's test server runs without autovacuum, and the
-    database peers get the same (``bench/peers/pg.py``: Procrastinate drained 3.8x slower
-    without it)."""
+    """On PostgreSQL, what every database peer does after its fill (why: bench/peers/pg.py)."""
     from django.db import connection
+
+    from bench.peers.pg import ANALYZE_AFTER_FILL
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
+            cursor.execute(ANALYZE_AFTER_FILL)
 
 
 def measure_select_one(n: int) -> dict[str, Any]:
