@@ -219,7 +219,7 @@ def fold_backlog() -> float:
     after an upgrade would (``rollup.BUDGET`` rows per view); seconds taken."""
     from django.utils import timezone
 
-    from django_jobq import rollup
+    from django_jobq.mirror import rollup
 
     started = time.perf_counter()
     folds = 1
@@ -367,7 +367,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     fill(args.rows, args.fresh)
-    from django_jobq.conf import get_storage
+    from django_jobq.backend import get_storage
 
     for name in QUEUES:  # what enqueue does on first use; the raw INSERT did not
         get_storage().register_queue(name)

@@ -54,10 +54,10 @@ def server_usec(client: Any) -> tuple[int, int]:
 
 def traced_worker(concurrency: int, out_path: str) -> None:
     """Worker process of ``rr``: a real Worker whose storage calls record when they ran."""
-    from django_jobq import stopsignals
-    from django_jobq import worker as worker_mod
-    from django_jobq.conf import get_storage
-    from django_jobq.pools import thread as thread_pool
+    from django_jobq.backend import get_storage
+    from django_jobq.worker import core as worker_mod
+    from django_jobq.worker import stopsignals
+    from django_jobq.worker.pools import thread as thread_pool
 
     storage = get_storage()
     stamps: list[tuple[str, str | None, int]] = []
@@ -140,7 +140,7 @@ def profile_rr(calls: int, concurrency: int, prefix: str, gap_ms: float = 0) -> 
     ``gap_ms``: every call after that long a pause (as each block's first call in
     ``bench.core``'s interleaved measurement, which comes after the worker sat idle), so the
     legs say where an idle machine's first call spends its extra time."""
-    from django_jobq.conf import get_storage
+    from django_jobq.backend import get_storage
     from django_jobq.queue import Queue
 
     storage = get_storage()
@@ -242,9 +242,9 @@ def profile_drain(jobs: int, concurrency: int, top: int, shared_rng: bool) -> No
     the product), to measure what that per-job seeding costs.
     """
     from django_jobq import JobState
-    from django_jobq.pools import thread as thread_pool
     from django_jobq.queue import Queue
     from django_jobq.worker import Worker
+    from django_jobq.worker.pools import thread as thread_pool
 
     if shared_rng:
         execute, rng = thread_pool.execute, random.Random()

@@ -52,7 +52,7 @@ def storage_for(kind: str, prefix: str) -> Any:
 def reference_rates(storage: Any, n: int, concurrency: int) -> dict[str, float]:
     """Single enqueues, then a drain of them by one in-process ``Worker`` (no-op handler)."""
     from django_jobq.queue import Queue
-    from django_jobq.registry import HandlerRegistry
+    from django_jobq.tasks.registry import HandlerRegistry
     from django_jobq.worker import Worker
 
     q = Queue("bench-bc-ref", storage=storage)
@@ -112,7 +112,7 @@ def interleaved_rates(storage: Any, name: str, n: int, block: int = 50) -> dict[
 
 def delivery_rates(storage: Any, name: str, n: int, groups: int, concurrency: int) -> dict:
     from django_jobq.broadcast import Broadcast, Subscription
-    from django_jobq.subscribers import SubscriberWorker
+    from django_jobq.broadcast.subscribers import SubscriberWorker
 
     bc = Broadcast(name, storage=storage, maxlen=None, max_age=None)
     names = [f"g{i}" for i in range(groups)]
@@ -184,8 +184,8 @@ def run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def empty_tables(alias: str) -> None:
     """What this run wrote (the database is the benchmark's own; kept for the next run)."""
-    from django_jobq import broadcast_models as bm
     from django_jobq import models
+    from django_jobq.models import broadcasts as bm
 
     for model in (bm.BroadcastDelivery, bm.BroadcastGroup, bm.BroadcastMessage,
                   bm.BroadcastLog, models.Job, models.JobEvent, models.WorkerInfo):  # fmt: skip

@@ -31,9 +31,9 @@ def main() -> None:
     from kombu import Connection, Exchange
     from kombu import Queue as KombuQueue
 
-    from django_jobq.celery_compat import celery_settings
-    from django_jobq.celery_compat.bridge import KombuBridge, bridge_thread
-    from django_jobq.conf import get_storage
+    from django_jobq.backend import get_storage
+    from django_jobq.contrib.celery import celery_settings
+    from django_jobq.contrib.celery.bridge import KombuBridge, bridge_thread
     from tests.celery_app import make_app
 
     app = make_app(args.broker)

@@ -93,9 +93,9 @@ def one_run(ports: range, durability: str, window: float) -> dict[str, Any]:
     from django.test import override_settings
 
     from django_jobq.conf import jobq_settings
-    from django_jobq.journal import reconcile
     from django_jobq.models import JournalEntry
     from django_jobq.queue import Queue
+    from django_jobq.queue.journal import reconcile
     from django_jobq.storage.redis.connection import client_from_url
     from django_jobq.storage.redis.storage import RedisStorage
 

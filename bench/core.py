@@ -109,7 +109,7 @@ def setup_django(prefix: str) -> None:
 
 def redis_client() -> Any:
     """The client the Queue API itself uses (django_jobq's pool, hiredis parser if present)."""
-    from django_jobq.conf import get_storage
+    from django_jobq.backend import get_storage
 
     return get_storage().client
 
@@ -1119,7 +1119,7 @@ def observe(mode: str) -> None:
     if mode == "off":
         return
     from bench.observability import MODES, producer_provider
-    from django_jobq import tracing
+    from django_jobq.observability import tracing
 
     env, value = MODES[mode]
     os.environ[env] = value

@@ -124,9 +124,9 @@ def measure_reconcile(storage: Any, jobs: int) -> dict[str, float]:
     from django.test import override_settings
 
     from django_jobq.conf import jobq_settings
-    from django_jobq.journal import reconcile
     from django_jobq.models import JournalEntry
     from django_jobq.queue import Queue
+    from django_jobq.queue.journal import reconcile
 
     journal = {**jobq_settings()["JOURNAL"], "DATABASE_ALIAS": "pg"}
     with override_settings(JOBQ={**jobq_settings(), "JOURNAL": journal}):
@@ -167,7 +167,8 @@ def main() -> None:
     from django.core.management import call_command
     from django.test import override_settings
 
-    from django_jobq.conf import get_storage, jobq_settings
+    from django_jobq.backend import get_storage
+    from django_jobq.conf import jobq_settings
     from django_jobq.models import JournalEntry
     from django_jobq.queue import Queue
 

@@ -47,8 +47,8 @@ def child() -> None:
     import django
 
     django.setup()
-    from django_jobq import stopsignals
     from django_jobq.mirror import Mirror
+    from django_jobq.worker import stopsignals
 
     mirror = Mirror(queues=[QUEUE], consumer="bench-mirror")
     mirror.lag.keep = 10_000_000
@@ -228,7 +228,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from django_jobq.conf import get_storage
+    from django_jobq.backend import get_storage
     from django_jobq.models import Job
     from django_jobq.queue import Queue
     from django_jobq.states import JobState

@@ -71,7 +71,8 @@ def producer_provider(value: str) -> object:
 
 
 def drain(n: int, concurrency: int, tag: str, log_dir: Path, producer: object = None) -> dict:
-    from django_jobq import JobState, tracing
+    from django_jobq import JobState
+    from django_jobq.observability import tracing
     from django_jobq.queue import Queue
 
     queue = Queue(QUEUE)
@@ -125,8 +126,8 @@ def isolated_us_per_job(mode: str, value: str, batch: int = 64, rounds: int = 30
     not depend on how the scheduler treats a drain, only on the code it times."""
     import time as clock
 
-    from django_jobq import tracing
-    from django_jobq.metrics.tally import Tally
+    from django_jobq.observability import tracing
+    from django_jobq.observability.metrics.tally import Tally
 
     if mode == "metrics":
         tally = Tally()

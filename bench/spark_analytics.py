@@ -35,8 +35,8 @@ from django.core.management import call_command  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+from django_jobq.contrib.spark import get_spark, run_analytics  # noqa: E402
 from django_jobq.models import QueueMetric  # noqa: E402
-from django_jobq.spark import get_spark, run_analytics  # noqa: E402
 
 EVENTS_PER_JOB = 0.85 * 3 + 0.10 * 6 + 0.05 * 3
 START = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict:
     django.setup()
     from django.core.management import call_command
 
-    from django_jobq.spark.export import export_history
+    from django_jobq.contrib.spark.export import export_history
 
     call_command("migrate", verbosity=0)
     t0 = time.perf_counter()

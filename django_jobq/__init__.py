@@ -1,5 +1,10 @@
 """django_jobq: a reliable job queue for Django."""
 
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
+
 from .errors import (
     InvalidJobId,
     InvalidOption,
@@ -78,15 +83,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Queue and friends import Django settings machinery; load them lazily so that
     # `import django_jobq` works before settings are configured (e.g. in INSTALLED_APPS).
     if name in ("Queue", "get_queue"):
-        from . import queue
+        from .queue import core as queue
 
         return getattr(queue, name)
     if name in ("handler", "on_failure"):
-        from . import registry
+        from .tasks import registry
 
         return getattr(registry, name)
     if name in ("task", "Task", "Backoff"):
@@ -94,3 +99,36 @@ def __getattr__(name: str):
 
         return getattr(tasks, name)
     raise AttributeError(name)
+
+
+# Module paths of earlier releases that users write (``TASKS``'s ``BACKEND``, ``LOGGING``'s
+# formatter, ``include()`` of the metrics URLs, imports shown in the docs), and where they live
+# now. An old path (or a module under it) is the new module itself, not a copy: one module
+# object under two names, so state and ``isinstance`` agree whichever name imported it.
+MOVED = {
+    "django_jobq.celery_compat": "django_jobq.contrib.celery",
+    "django_jobq.flows": "django_jobq.queue.flows",
+    "django_jobq.logjson": "django_jobq.observability.logs",
+    "django_jobq.metrics": "django_jobq.observability.metrics",
+    "django_jobq.spark": "django_jobq.contrib.spark",
+    "django_jobq.tasks_backend": "django_jobq.contrib.tasks_backend",
+    "django_jobq.tracing": "django_jobq.observability.tracing",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        old = next((o for o in MOVED if fullname == o or fullname.startswith(o + ".")), None)
+        if old is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin=MOVED[old])
+
+    def create_module(self, spec: Any) -> Any:
+        old = next(o for o in MOVED if spec.name == o or spec.name.startswith(o + "."))
+        return importlib.import_module(MOVED[old] + spec.name[len(old) :])
+
+    def exec_module(self, module: Any) -> None:
+        """Nothing to run: the module was imported under its own name."""
+
+
+sys.meta_path.insert(0, _MovedModules())

@@ -15,12 +15,12 @@ class JobQConfig(AppConfig):
         autodiscover_modules("jobs")
         # Queues served by a django.tasks JobQBackend get their handler now, before a worker
         # looks for handlers.
-        from .tasks_backend import register_task_queues
+        from .contrib.tasks_backend import register_task_queues
 
         register_task_queues()
         from .conf import jobq_settings
 
         if jobq_settings()["METRICS"]["ENABLED"]:  # count job signals from start-up
-            from .metrics import install
+            from .observability.metrics import install
 
             install()

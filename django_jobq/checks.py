@@ -2,7 +2,7 @@
 
 from django.core import checks
 
-from .conf import check_settings
+from .backend import check_settings
 
 
 @checks.register()
@@ -18,7 +18,7 @@ def schedules_settings_check(app_configs, **kwargs):
     """A bad ``JOBQ["SCHEDULES"]`` entry (bad cron, unknown task, arguments that do not bind,
     NaN in a payload) is refused here, before deploy, and the reaper syncs nothing while one
     is there."""
-    from .schedule_sync import check_declared
+    from .schedules.sync import check_declared
 
     try:
         problems = check_declared()

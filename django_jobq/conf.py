@@ -1,32 +1,31 @@
-"""The ``JOBQ`` settings dict: defaults, validation, and the storage it selects.
+"""The ``JOBQ`` settings dict: its defaults, and reading and checking it.
 
+A leaf of the package: it imports only the plumbing below it (errors, value objects,
+validation), never a backend or a feature, so anything may read settings through it.
 Everything is read through ``jobq_settings()`` so tests can override ``JOBQ`` with Django's
-``override_settings`` and get a fresh view (the cached storage is dropped on change).
+``override_settings`` and get a fresh view. Which storage the settings select, and its
+construction, is ``backend.py``'s.
 """
 
 from __future__ import annotations
 
-import threading
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.core.signals import setting_changed
-from django.utils.module_loading import import_string
 
-from .errors import ConfigurationError, JobQError
-from .job import JobOptions
+from .errors import ConfigurationError, InvalidOption, JobQError
+from .job import JobOptions, Retention
 from .validation import (
     is_seconds,
+    parse_retention,
     validate_positive_int,
     validate_positive_ms,
     validate_priority,
     validate_queue_name,
+    validate_sharded_name,
+    validate_shards,
 )
-
-# The storage of django_jobq.testing's test mode while it is on. It wins over JOBQ instead of
-# being put into JOBQ with override_settings: a test that changes JOBQ meanwhile (pytest-django's
-# ``settings`` fixture) stays on it, and no settings override can be undone out of order.
-_test_storage: Any = None
 
 DEFAULTS: dict[str, Any] = {
     # "redis", "database", "memory", or a dotted path to a callable returning a Storage.
@@ -146,7 +145,6 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-BACKENDS = ("redis", "database", "memory")
 DURABILITIES = ("redis", "journal")
 # Keys of JOBQ["QUEUES"][q] that are queue settings, not job option defaults.
 QUEUE_SETTING_NAMES = ("limits", "durability", "retention", "shards")
@@ -206,10 +204,7 @@ def queue_defaults(queue: str) -> JobOptions:
 
 
 def queue_durability(queue: str) -> str:
-    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``. Under the test
-    mode always "redis": its storage keeps no journal (a journal queue behaves as a plain one)."""
-    if _test_storage is not None:
-        return "redis"
+    """``QUEUES[queue]["durability"]`` when set, else the global ``DURABILITY``."""
     conf = jobq_settings()
     value = conf["QUEUES"].get(queue, {}).get("durability", conf["DURABILITY"])
     return validate_durability(value, f"JOBQ['QUEUES'][{queue!r}]['durability']")
@@ -258,61 +253,39 @@ def configured_limits(queue: str) -> dict[str, int] | None:
     return dict(limits)
 
 
-def configured_shards(queue: str) -> int:
-    from .sharding import configured_shards as shards
+def configured_shards(logical: str) -> int:
+    """``JOBQ["QUEUES"][logical]["shards"]`` (1 when unset); validated."""
+    value = jobq_settings()["QUEUES"].get(logical, {}).get("shards", 1)
+    where = f"JOBQ['QUEUES'][{logical!r}]['shards']"
+    try:
+        count = validate_shards(value, where)
+        validate_sharded_name(logical, count)
+    except InvalidOption as exc:
+        raise ConfigurationError(str(exc)) from None
+    return count
 
-    return shards(queue)
 
-
-def prepare_problem(value: Any) -> str | None:
-    """What is wrong with a ``DATABASE_PREPARE`` value (None: nothing). Not 1 or 0, which
-    would read as psycopg's threshold: only "auto", True or False."""
-    if value == "auto" or isinstance(value, bool):
+def configured_retention(queue: str) -> Retention | None:
+    """The policy ``JOBQ['QUEUES'][queue]['retention']`` sets (validated), or None when the
+    settings say nothing for the queue (then storage keeps whatever was set last)."""
+    raw: Any = jobq_settings()["QUEUES"].get(queue, {}).get("retention")
+    if raw is None:
         return None
-    return f"{value!r}: use 'auto', True or False"
+    where = f"JOBQ['QUEUES'][{queue!r}]['retention']"
+    try:
+        return parse_retention(raw, where)
+    except InvalidOption as exc:
+        raise ConfigurationError(str(exc)) from exc
 
 
-def check_settings() -> list[str]:
-    """Problems with JOBQ, as messages (used by the system check and at storage build)."""
-    from .retention import configured_retention
-
+def settings_problems() -> list[str]:
+    """Problems with JOBQ, as messages, but for the backend's own options (the URL, the
+    database alias: ``backend.check_settings`` adds those)."""
     conf = jobq_settings()
     problems = []
     unknown = set(getattr(settings, "JOBQ", {}) or {}) - set(DEFAULTS)
     if unknown:
         problems.append(f"unknown JOBQ key(s) {sorted(unknown)}")
-    backend = conf["BACKEND"]
-    if backend not in BACKENDS and not (isinstance(backend, str) and "." in backend):
-        problems.append(
-            f"JOBQ['BACKEND'] {backend!r}: use 'redis', 'database', 'memory' or a dotted path"
-        )
-    if backend == "database":
-        alias = conf["DATABASE_ALIAS"]
-        if alias not in settings.DATABASES:
-            problems.append(f"JOBQ['DATABASE_ALIAS'] {alias!r} is not in DATABASES")
-        elif str(settings.DATABASES[alias].get("ENGINE", "")).rsplit(".", 1)[-1] not in (
-            "sqlite3",
-            "postgresql",
-        ):
-            problems.append(
-                f"JOBQ['DATABASE_ALIAS'] {alias!r}: the database backend supports SQLite and "
-                "PostgreSQL"
-            )
-    if (problem := prepare_problem(conf["DATABASE_PREPARE"])) is not None:
-        problems.append(f"JOBQ['DATABASE_PREPARE'] {problem}")
-    if backend == "redis" and not conf["REDIS_CACHE_ALIAS"]:
-        url = conf["REDIS_URL"]
-        from .storage.redis.cluster import CLUSTER_SCHEMES, check_cluster_url
-
-        if not isinstance(url, str) or not url.startswith(
-            ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
-        ):
-            problems.append(
-                f"JOBQ['REDIS_URL'] {url!r} is not a redis://, rediss://, unix:// or "
-                "redis+cluster:// URL"
-            )
-        elif url.startswith(CLUSTER_SCHEMES) and (problem := check_cluster_url(url)):
-            problems.append(f"JOBQ['REDIS_URL'] {url!r}: {problem}")
     try:
         validate_options(conf["JOB_DEFAULTS"], "JOBQ['JOB_DEFAULTS']")
         for name in conf["QUEUES"]:
@@ -449,62 +422,13 @@ def _check_celery(celery: dict[str, Any]) -> list[str]:
     return problems
 
 
-_storage = None
-_lock = threading.Lock()
+# Names that moved to ``backend.py`` (``from django_jobq.conf import get_storage`` is in the
+# docs of earlier releases): looked up there only when asked for, so this module still
+# imports nothing above it.
+_MOVED = ("build_storage", "check_settings", "get_storage", "reset_storage", "set_test_storage")
 
 
-def build_storage() -> Any:
-    conf = jobq_settings()
-    problems = check_settings()
-    if problems:
-        raise ConfigurationError("; ".join(problems))
-    backend = conf["BACKEND"]
-    if backend == "database":
-        from .storage.database import DatabaseStorage
-
-        return DatabaseStorage(conf["DATABASE_ALIAS"], prepare=conf["DATABASE_PREPARE"])
-    if backend == "memory":
-        from .storage.memory import MemoryStorage
-
-        return MemoryStorage(events_maxlen=conf["EVENTS_MAXLEN"])
-    if backend == "redis":
-        from .storage.redis.connection import client_from_cache_alias, client_from_url
-        from .storage.redis.storage import RedisStorage
-
-        alias = conf["REDIS_CACHE_ALIAS"]
-        client = client_from_cache_alias(alias) if alias else client_from_url(conf["REDIS_URL"])
-        return RedisStorage(client, prefix=conf["PREFIX"], events_maxlen=conf["EVENTS_MAXLEN"])
-    return import_string(backend)()
-
-
-def get_storage() -> Any:
-    """The process-wide storage selected by ``JOBQ`` (built once, thread-safe)."""
-    global _storage
-    if _test_storage is not None:
-        return _test_storage
-    if _storage is None:
-        with _lock:
-            if _storage is None:
-                _storage = build_storage()
-    return _storage
-
-
-def set_test_storage(storage: Any) -> None:
-    """Make ``get_storage()`` return ``storage`` whatever JOBQ says (None: JOBQ again). For
-    django_jobq.testing; not for production code."""
-    global _test_storage
-    _test_storage = storage
-
-
-def reset_storage(**_: Any) -> None:
-    global _storage
-    with _lock:
-        _storage = None
-
-
-def _on_setting_changed(setting: str, **kwargs: Any) -> None:
-    if setting == "JOBQ":
-        reset_storage()
-
-
-setting_changed.connect(_on_setting_changed)
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return getattr(import_module("django_jobq.backend"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,9 +17,10 @@ from django.conf import settings
 from django_jobq.queue import Queue
 from django_jobq.storage.database import DatabaseStorage
 from django_jobq.storage.memory import MemoryStorage
-from django_jobq.storage.redis.cluster import ClusterRedisStorage
+from django_jobq.storage.redis.cluster_storage import ClusterRedisStorage
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.tasks.registry import handler_name
 
 from .redis_cluster import ClusterUnsupported, LocalCluster
 
@@ -127,7 +128,8 @@ def make_storage(kind: str, request, clock=None):
     if kind == "memory":
         return MemoryStorage(clock=clock)
     if kind in DB_ALIASES:
-        db_storage = DatabaseStorage(DB_ALIASES[kind], clock=clock)
+        # The handler names of the rows, as the storage JOBQ builds gets them (backend.py).
+        db_storage = DatabaseStorage(DB_ALIASES[kind], clock=clock, handler_names=handler_name)
         # Connections of finished threads are only closed when collected; PostgreSQL refuses to
         # drop the test database while any is open.
         request.addfinalizer(gc.collect)
@@ -194,7 +196,7 @@ def spark():
     """One embedded SparkSession for every Spark test of the run (starting one costs seconds):
     two cores, few shuffle partitions, no UI, loopback only."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from django_jobq.spark import get_spark
+    from django_jobq.contrib.spark import get_spark
 
     session = get_spark("local[2]", app_name="jobq-tests", shuffle_partitions=4)
     yield session

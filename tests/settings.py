@@ -97,7 +97,7 @@ JOBQ = {
 # Django's Tasks framework on django_jobq (tests/test_tasks_backend.py swaps the storage in).
 TASKS = {
     "default": {
-        "BACKEND": "django_jobq.tasks_backend.JobQBackend",
+        "BACKEND": "django_jobq.contrib.tasks_backend.JobQBackend",
         "QUEUES": ["default", "tasks-other"],
         "OPTIONS": {"JOB_OPTIONS": {"max_attempts": 2, "min_backoff": 10, "max_backoff": 20}},
     }

@@ -13,14 +13,13 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobq import rollup
 from django_jobq.admin import actions, listing
 from django_jobq.admin.charts import WINDOWS, _scale, throughput
-from django_jobq.conf import get_storage
-from django_jobq.mirror import Mirror
+from django_jobq.backend import get_storage
+from django_jobq.mirror import Mirror, rollup
 from django_jobq.models import Job, JobEvent, Schedule, WorkerInfo
 from django_jobq.queue import Queue
-from django_jobq.schedules import fire_now
+from django_jobq.schedules.core import fire_now
 from django_jobq.states import JobState
 
 Q = "admin-tests"
@@ -358,7 +357,7 @@ def test_job_page_shows_payload_error_traceback_and_timeline(admin_client, jobq)
 def test_an_error_made_without_raising_is_shown_once(admin_client, jobq):
     """A flow parent's ChildFailed is never raised: its "traceback" is its headline again."""
     from django_jobq.errors import ChildFailed
-    from django_jobq.execution import error_body
+    from django_jobq.worker.execution import error_body
 
     jobq.queue.enqueue("parent", {"n": 1}, max_attempts=1)
     [claimed] = jobq.storage.claim(Q, "w-1", 1, 30_000).jobs
@@ -606,7 +605,7 @@ def test_cancel_and_kill_of_a_running_job_asks_its_worker_through_the_queue(admi
 
 
 def test_job_pages_link_flow_parents_and_children_and_hide_the_envelope(admin_client, jobq):
-    from django_jobq.flows import enqueue_flow, node
+    from django_jobq.queue.flows import enqueue_flow, node
 
     parent = node(Q, "flow-parent", {"report": 1}, children=[node(Q, "flow-kid", {"n": 1})])
     enqueue_flow(parent, storage=jobq.storage)
@@ -626,7 +625,7 @@ def test_job_pages_link_flow_parents_and_children_and_hide_the_envelope(admin_cl
 
 
 def test_a_parked_flow_parent_reads_waiting_for_its_children(admin_client, jobq):
-    from django_jobq.flows import enqueue_flow, node
+    from django_jobq.queue.flows import enqueue_flow, node
 
     kids = [node(Q, f"kid-{n}", {"n": n}) for n in range(2)]
     enqueue_flow(node(Q, "parked", {"r": 1}, children=kids), storage=jobq.storage)

@@ -22,7 +22,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from django_jobq.admin import filtered
-from django_jobq.conf import get_storage
+from django_jobq.backend import get_storage
 from django_jobq.mirror import Mirror
 from django_jobq.models import Job
 from django_jobq.queue import Queue

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from django_jobq import rollup
+from django_jobq.mirror import rollup
 from django_jobq.models import Job, JobMinute, RollupMark
 from django_jobq.states import JobState
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from django_jobq.conf import get_storage
+from django_jobq.backend import get_storage
 from django_jobq.mirror import Mirror
 from django_jobq.models import Job
 from django_jobq.queue import Queue
-from django_jobq.sharded_queue import ShardedQueue
+from django_jobq.queue.sharded import ShardedQueue
 from django_jobq.states import JobState
 
 Q = "admin-sharded"

@@ -19,7 +19,7 @@ from django.db import connections
 from django_jobq import EnqueueOutcome, JobFailed, JobState, Timeout
 from django_jobq.errors import InvalidPayload
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import PROCESS_START, ROOT, start_server, wait_until
@@ -198,7 +198,7 @@ def test_an_async_client_belongs_to_its_storage_and_goes_with_it(redis_client, r
     database, not the new one's)."""
     import gc
 
-    from django_jobq import aio
+    from django_jobq.storage.redis import aio
     from django_jobq.storage.redis.connection import client_from_url
     from django_jobq.storage.redis.storage import RedisStorage
 

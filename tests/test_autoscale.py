@@ -7,11 +7,11 @@ import time
 import pytest
 
 from django_jobq import JobState
-from django_jobq.autoscale import Autoscaler, Sample, decide
 from django_jobq.errors import ConfigurationError
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
+from django_jobq.worker.autoscale import Autoscaler, Sample, decide
 
 from .helpers import wait_until
 

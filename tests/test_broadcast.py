@@ -11,9 +11,10 @@ from collections import Counter
 import pytest
 
 from django_jobq import InvalidJobId, InvalidOption, PayloadTooLarge, PermanentError
-from django_jobq.broadcast import Broadcast, SubscriberRegistry, Subscription, subscriber
+from django_jobq.broadcast import Broadcast, Subscription, subscriber
+from django_jobq.broadcast.core import SubscriberRegistry
+from django_jobq.broadcast.subscribers import SubscriberWorker
 from django_jobq.errors import ConfigurationError
-from django_jobq.subscribers import SubscriberWorker
 
 from .helpers import wait_until
 
@@ -193,7 +194,7 @@ def test_a_verdict_waits_for_a_row_another_transaction_holds():
     lease (the verdict waits for the row; it does not skip it)."""
     from django.db import connections, transaction
 
-    from django_jobq.broadcast_models import BroadcastDelivery
+    from django_jobq.models.broadcasts import BroadcastDelivery
     from django_jobq.storage.broadcast_base import Settle, SettleKind
     from django_jobq.storage.database import DatabaseStorage
 
@@ -246,7 +247,7 @@ def test_a_publish_racing_one_of_the_same_id_is_a_duplicate():
     counter row and inserts the message."""
     from django.db import connections, transaction
 
-    from django_jobq.broadcast_models import BroadcastLog, BroadcastMessage
+    from django_jobq.models.broadcasts import BroadcastLog, BroadcastMessage
     from django_jobq.storage.database import DatabaseStorage
 
     name = "tests-bc-race"
@@ -299,14 +300,14 @@ def test_a_publish_racing_one_of_the_same_id_is_a_duplicate():
 
 
 def _payload(name: str, message_id: str) -> tuple[bytes, str]:
-    from django_jobq.broadcast_models import BroadcastMessage
+    from django_jobq.models.broadcasts import BroadcastMessage
 
     row = BroadcastMessage.objects.using("pg").get(broadcast=name, message_id=message_id)
     return bytes(row.payload), row.content_type
 
 
 def test_a_worker_logs_when_its_group_falls_behind_the_retention(monkeypatch, caplog):
-    from django_jobq import subscribers as module
+    from django_jobq.broadcast import subscribers as module
     from django_jobq.storage.memory import MemoryStorage
 
     monkeypatch.setattr(module, "MISSED_CHECK", 0)

@@ -76,7 +76,7 @@ def test_a_view_only_user_sees_the_page_but_cannot_purge(client, bc):
 
 def test_the_workers_page_lists_a_subscriber_worker_with_its_groups(admin_client, bc):
     from django_jobq.broadcast import Subscription
-    from django_jobq.subscribers import SubscriberWorker
+    from django_jobq.broadcast.subscribers import SubscriberWorker
 
     from .helpers import wait_until
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from django_jobq.broadcast import Broadcast
-from django_jobq.metrics.broadcasts import BroadcastCollector
+from django_jobq.observability.metrics.broadcasts import BroadcastCollector
 from django_jobq.storage.broadcast_base import Settle, SettleKind
 
 from .test_metrics import samples, value
@@ -48,9 +48,9 @@ def test_delivery_counters_per_group_and_outcome(live_storage):
     """Verdicts a subscriber worker sent, counted in its process: delivered (completed),
     retried and dead per group; labels are names and a fixed outcome set only."""
     from django_jobq.broadcast import Subscription
-    from django_jobq.metrics import tally
-    from django_jobq.metrics.broadcasts import DeliveryCollector
-    from django_jobq.subscribers import SubscriberWorker
+    from django_jobq.broadcast.subscribers import SubscriberWorker
+    from django_jobq.observability.metrics import tally
+    from django_jobq.observability.metrics.broadcasts import DeliveryCollector
 
     from .helpers import wait_until
 

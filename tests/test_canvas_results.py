@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from django_jobq import JobState, PermanentError
 from django_jobq.errors import InvalidOption, JobFailed, JobNotFound
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.tasks import CanvasFailed, CanvasTimeout, chain, chord, group, task
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 Q = "canvas-wait"

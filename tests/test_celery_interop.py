@@ -21,10 +21,10 @@ from kombu import Connection, Exchange, Producer
 from kombu import Queue as KombuQueue
 
 from django_jobq import JobState
-from django_jobq.celery_compat import MalformedMessage, parse, publish
-from django_jobq.celery_compat.bridge import KombuBridge, bridge_thread
-from django_jobq.celery_compat.protocol import build, job_id_for
 from django_jobq.conf import jobq_settings
+from django_jobq.contrib.celery import MalformedMessage, parse, publish
+from django_jobq.contrib.celery.bridge import KombuBridge, bridge_thread
+from django_jobq.contrib.celery.protocol import build, job_id_for
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 from django_jobq.worker import Worker
@@ -323,7 +323,7 @@ def test_the_bridge_acknowledges_only_after_the_job_is_stored(storage, monkeypat
         raise ConnectionError("storage unreachable")
 
     monkeypatch.setattr(storage, "enqueue", refuse)
-    monkeypatch.setattr("django_jobq.celery_compat.bridge.time.sleep", lambda s: None)
+    monkeypatch.setattr("django_jobq.contrib.celery.bridge.time.sleep", lambda s: None)
     body, headers, _ = build("tests.celery.add", [1, 2], {}, task_id="ordered-2")
     message = RecordingMessage(body, headers, lambda: None)
     bridge._on_message(message)
@@ -366,7 +366,7 @@ def test_published_jobs_run_on_a_real_celery_worker(broker, celery_queue, celery
     app = make_app(broker)
     # Published before the worker exists: the queue is declared as Celery declares it.
     first = publish("tests.celery_side.mul", (6, 7), queue=celery_queue, broker_url=broker)
-    named = Queue("tests-echo").publish_celery(
+    named = publish(
         "tests.celery_side.greet", ["jobq"], {"punctuation": "?"}, queue=celery_queue,
         broker_url=broker,
     )  # fmt: skip
@@ -438,7 +438,7 @@ def test_runworker_refuses_a_celery_queue_without_a_broker():
 
 
 def test_celery_task_names_that_are_not_queue_names_need_an_explicit_queue():
-    from django_jobq.celery_compat import celery_task
+    from django_jobq.contrib.celery import celery_task
     from django_jobq.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="pass queue="):

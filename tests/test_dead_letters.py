@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 
 from django_jobq import DeadLetter, InvalidJobId, InvalidOption, JobState, RetryOutcome
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until

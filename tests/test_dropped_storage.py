@@ -12,7 +12,8 @@ import gc
 import pytest
 from django.test import override_settings
 
-from django_jobq.conf import get_storage, jobq_settings
+from django_jobq.backend import get_storage
+from django_jobq.conf import jobq_settings
 from django_jobq.storage.database import DatabaseStorage
 
 from .helpers import listen_session_open, up_listener, wait_until

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from django_jobq.errors import PermanentError, Retry
-from django_jobq.execution import backoff_ms, execute, requested_retry_ms
 from django_jobq.job import ClaimedJob
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
+from django_jobq.worker.execution import backoff_ms, execute, requested_retry_ms
 
 
 def claimed(payload: bytes = b"{}", attempt: int = 1, ctype: str = "json") -> ClaimedJob:

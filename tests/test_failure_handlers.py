@@ -13,7 +13,7 @@ from django_jobq import FailedJob, JobState, PermanentError
 from django_jobq.errors import ConfigurationError
 from django_jobq.job import JobOptions, NewJob
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until
@@ -258,7 +258,7 @@ def test_bad_failure_settings_are_refused_at_worker_construction(live_storage):
 def test_jobq_dead_calls_lists_pending_calls_with_their_last_error(settings, redis_prefix, capsys):
     from django.core.management import call_command
 
-    from django_jobq.execution import error_body
+    from django_jobq.worker.execution import error_body
 
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "PREFIX": redis_prefix}
     queue = Queue(Q)

@@ -13,7 +13,7 @@ import pytest
 
 from django_jobq import JobState
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until

@@ -13,12 +13,12 @@ import pytest
 
 from django_jobq import JobState
 from django_jobq.errors import FlowError, InvalidOption
-from django_jobq.execution import Prepared, prepare
-from django_jobq.flows import chain, enqueue_flow, node, resolve_parked
 from django_jobq.job import PARKED_MS, EnqueueOutcome
 from django_jobq.queue import Queue
-from django_jobq.registry import registry
+from django_jobq.queue.flows import chain, enqueue_flow, node, resolve_parked
 from django_jobq.storage.base import Ack
+from django_jobq.tasks.registry import registry
+from django_jobq.worker.execution import Prepared, prepare
 from tests.jobsapp import jobs
 
 from .helpers import running_workers, wait_until
@@ -242,7 +242,7 @@ def test_a_failed_child_fails_the_parent_for_good_and_its_handler_never_runs(run
 
 @pytest.mark.parametrize("backend", ["redis"], indirect=True)
 def test_the_reaper_sweep_releases_parents_when_no_worker_triggered_them(live_storage):
-    from django_jobq.reaper import Reaper
+    from django_jobq.worker.reaper import Reaper
 
     enqueue_flow(node(SUM, "swept", children=[node(LEAF, "done-by-hand", {"value": 9})]),
                  storage=live_storage)  # fmt: skip

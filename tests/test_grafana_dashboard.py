@@ -13,11 +13,11 @@ from django.conf import settings as django_settings
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_jobq.metrics import tally
-from django_jobq.metrics.collectors import WorkerCollector
-from django_jobq.metrics.views import exposition
+from django_jobq.observability.metrics import tally
+from django_jobq.observability.metrics.collectors import WorkerCollector
+from django_jobq.observability.metrics.views import exposition
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "django-jobq.json"

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import example, given
 
 from django_jobq.errors import InvalidJobId, InvalidQueueName, ValidationError
-from django_jobq.execution import error_body
 from django_jobq.queue import Queue
 from django_jobq.validation import validate_job_id
+from django_jobq.worker.execution import error_body
 
 from .strategies import (
     built,

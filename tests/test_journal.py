@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.test import override_settings
 
-from django_jobq.conf import check_settings
+from django_jobq.backend import check_settings
 from django_jobq.errors import ConfigurationError, InvalidOption, QueueBusy, Timeout
 from django_jobq.job import (
     Dedup,
@@ -25,14 +25,14 @@ from django_jobq.job import (
     NewJob,
     RunAtUpdate,
 )
-from django_jobq.journal import decode_job, encode_options, reconcile
 from django_jobq.models import JournalEntry
 from django_jobq.queue import Queue
-from django_jobq.reaper import Reaper
+from django_jobq.queue.journal import decode_job, encode_options, reconcile
 from django_jobq.states import JobState
 from django_jobq.storage.memory import MemoryStorage
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.worker.reaper import Reaper
 
 pytestmark = [pytest.mark.redis]
 
@@ -455,7 +455,7 @@ def test_the_rest_api_answers_201_pending_for_a_job_kept_in_the_journal(settings
     from rest_framework.test import APIClient
 
     from django_jobq.api.keys import create_key
-    from django_jobq.conf import get_storage, reset_storage
+    from django_jobq.backend import get_storage, reset_storage
 
     settings.JOBQ = {
         **settings.JOBQ, "BACKEND": "redis", "PREFIX": redis_prefix, "DURABILITY": "journal",
@@ -478,7 +478,7 @@ def test_the_rest_api_answers_201_pending_for_a_job_kept_in_the_journal(settings
 def test_a_flow_in_journal_mode_is_sent_on_commit_and_survives_a_lost_queue(
     storage, redis_client, alias, jobq, settings
 ):
-    from django_jobq.flows import enqueue_flow, node, resolve_parked
+    from django_jobq.queue.flows import enqueue_flow, node, resolve_parked
 
     settings.JOBQ = {**jobq, "DURABILITY": "journal"}
     parent = node(QUEUE, "j-parent", {"p": 1}, children=[node(QUEUE, "j-child", {"c": 1})])

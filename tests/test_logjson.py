@@ -13,8 +13,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_jobq import JobFailed, logjson, tracing
-from django_jobq.logjson import JsonFormatter, job_context
+from django_jobq import JobFailed
+from django_jobq.observability import logs as logjson
+from django_jobq.observability import tracing
+from django_jobq.observability.logs import JsonFormatter, job_context
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 

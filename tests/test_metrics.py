@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_jobq import JobFailed, PermanentError
 from django_jobq.api.keys import create_key
-from django_jobq.metrics import tally
-from django_jobq.metrics.collectors import StorageCollector, TallyCollector
+from django_jobq.observability.metrics import tally
+from django_jobq.observability.metrics.collectors import StorageCollector, TallyCollector
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until
@@ -254,8 +254,8 @@ def test_a_staff_session_may_scrape_and_a_plain_user_may_not(served, client,
 def test_a_sharded_queue_is_reported_once_under_its_logical_name(live_storage, metrics):
     """Its partitions' gauges are summed (oldest waiting: the oldest of any partition) and the
     process counters of jobs claimed from partitions are folded into the logical name."""
-    from django_jobq.metrics.tally import current
-    from django_jobq.sharding import partition_names
+    from django_jobq.observability.metrics.tally import current
+    from django_jobq.validation import partition_names
 
     q = Queue("m-shard", storage=live_storage, shards=3)
     q.enqueue_many([(f"s{i}", i) for i in range(9)])

@@ -13,7 +13,8 @@ import pytest
 from django.core.management import call_command
 
 from django_jobq.job import JobOptions, NewJob
-from django_jobq.mirror import Mirror, purge_finished
+from django_jobq.mirror import Mirror
+from django_jobq.mirror.core import purge_finished
 from django_jobq.models import Job, JobEvent, WorkerInfo
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -260,7 +261,7 @@ def test_mirror_refuses_a_backend_without_streams():
 
 
 def test_reaper_runs_the_mirror_by_default_on_redis(redis_storage, settings):
-    from django_jobq.reaper import Reaper
+    from django_jobq.worker.reaper import Reaper
 
     settings.JOBQ = {"BACKEND": "redis"}  # the shipped defaults, not the test settings
     assert Reaper(storage=redis_storage).mirror is not None

@@ -11,7 +11,7 @@ from django.db import connections, transaction
 
 from django_jobq.job import JobOptions, NewJob
 from django_jobq.mirror import Mirror
-from django_jobq.mirror_sql import make_durable, write_transaction
+from django_jobq.mirror.sql import make_durable, write_transaction
 from django_jobq.models import Job, JobEvent
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -95,7 +95,7 @@ def test_times_are_stored_as_the_orm_would_store_them(db_alias, ms):
     millisecond exactly, on both sides of 2000; it is the aware datetime ``ms_dt`` makes of
     it wherever a float holds the microseconds (until 2255: past that ``ms_dt``'s division
     is a few microseconds off, and both databases keep the exact time)."""
-    from django_jobq.mirror_sql import JOB_COLUMNS, insert_events, ms_dt, upsert_jobs
+    from django_jobq.mirror.sql import JOB_COLUMNS, insert_events, ms_dt, upsert_jobs
 
     values = dict.fromkeys(JOB_COLUMNS)
     values.update(

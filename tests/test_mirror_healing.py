@@ -12,8 +12,9 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from django_jobq.job import JobOptions, NewJob
-from django_jobq.mirror import GROUP, Mirror
-from django_jobq.mirror_check import check, lag
+from django_jobq.mirror import Mirror
+from django_jobq.mirror.check import check, lag
+from django_jobq.mirror.core import GROUP
 from django_jobq.models import Job, JobEvent, MirrorReject
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -296,7 +297,7 @@ def test_the_system_check_warns_of_sqlite_without_immediate_transactions(setting
 
 
 def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
-    from django_jobq.reaper import Reaper
+    from django_jobq.worker.reaper import Reaper
 
     settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}
     reaper = Reaper([Q], storage=storage, schedules=False)
@@ -311,7 +312,7 @@ def test_the_reaper_runs_the_check_on_its_interval(storage, db_alias, settings):
 def test_the_reaper_starts_a_mirror_thread_that_stopped_again(storage, db_alias, settings):
     import threading
 
-    from django_jobq.reaper import Reaper
+    from django_jobq.worker.reaper import Reaper
 
     from .helpers import wait_until
 
@@ -406,7 +407,7 @@ def test_a_gap_is_said_in_health_and_the_admin_banner(
     from rest_framework.test import APIClient
 
     from django_jobq.admin.common import mirror_banner
-    from django_jobq.mirror_check import recent_gaps
+    from django_jobq.mirror.check import recent_gaps
 
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "REDIS_URL": settings.REDIS_URL,
                      "PREFIX": redis_prefix,

@@ -25,8 +25,9 @@ import pytest
 from django.db import connections
 
 from django_jobq.job import JobOptions, NewJob
-from django_jobq.mirror import GROUP, Mirror
-from django_jobq.mirror_check import lag
+from django_jobq.mirror import Mirror
+from django_jobq.mirror.check import lag
+from django_jobq.mirror.core import GROUP
 from django_jobq.models import Job
 from django_jobq.states import JobState
 from django_jobq.storage.redis.connection import client_from_url

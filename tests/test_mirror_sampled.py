@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_jobq.job import Event, JobOptions, JobRecord, NewJob
-from django_jobq.mirror import FINISHING_KINDS, GROUP, FinalRows, Mirror
-from django_jobq.mirror_check import check, sampled_queues
+from django_jobq.mirror import Mirror
+from django_jobq.mirror.check import check, sampled_queues
+from django_jobq.mirror.core import FINISHING_KINDS, GROUP, FinalRows
 from django_jobq.models import Job
 from django_jobq.states import JobState
 from django_jobq.storage.redis.storage import RedisStorage

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_jobq.conf import check_settings
+from django_jobq.backend import build_storage, check_settings
 from django_jobq.errors import ConfigurationError
 from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
 from django_jobq.models import Job
@@ -255,16 +255,23 @@ def test_request_response_with_prepared_statements():
         assert {"claim", "complete"} <= seen["worker"], seen["worker"]
 
 
+PG_BACKEND = {"BACKEND": "database", "DATABASE_ALIAS": "pg"}
+
+
 @pytest.mark.parametrize("value", ["yes", 1, 0, None])
 def test_bad_prepare_setting_is_refused(settings, value):
-    settings.JOBQ = {**settings.JOBQ, "DATABASE_PREPARE": value}
+    settings.JOBQ = {**settings.JOBQ, **PG_BACKEND, "DATABASE_PREPARE": value}
     problems = check_settings()
     assert any("DATABASE_PREPARE" in p for p in problems), problems
     with pytest.raises(ConfigurationError):
-        DatabaseStorage("pg")  # the setting, as the storage JOBQ builds
+        build_storage()  # the storage JOBQ builds
 
 
 def test_the_setting_reaches_the_storage(settings):
-    settings.JOBQ = {**settings.JOBQ, "DATABASE_PREPARE": False}
-    assert DatabaseStorage("pg").prepare is False
+    settings.JOBQ = {**settings.JOBQ, **PG_BACKEND, "DATABASE_PREPARE": False}
+    storage = build_storage()
+    try:
+        assert storage.prepare is False
+    finally:
+        storage.close()
     assert not [p for p in check_settings() if "DATABASE_PREPARE" in p]

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 
 from django_jobq import InvalidOption, InvalidPayload, JobState, RateLimited, Retry
-from django_jobq.celery_compat.bridge import KombuBridge
-from django_jobq.celery_compat.protocol import build
-from django_jobq.execution import requested_retry_ms
-from django_jobq.flows import enqueue_flow, node
+from django_jobq.contrib.celery.bridge import KombuBridge
+from django_jobq.contrib.celery.protocol import build
 from django_jobq.job import Job
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.queue.flows import enqueue_flow, node
 from django_jobq.serde import JSONSerde, MsgpackSerde
+from django_jobq.tasks.registry import HandlerRegistry
+from django_jobq.worker.execution import requested_retry_ms
 
 from .helpers import running_workers, wait_until
 from .test_tasks_backend import tasks_on  # noqa: F401, F811 - the fixture

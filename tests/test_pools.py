@@ -12,8 +12,8 @@ import pytest
 from django_jobq import JobState
 from django_jobq.errors import ConfigurationError
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 from tests.jobsapp import jobs
 
@@ -198,8 +198,8 @@ def test_a_batch_handler_gets_many_jobs_and_each_ends_on_its_own(run, storage, p
 
 
 def test_a_batch_handler_that_raises_retries_every_job_of_the_call(storage):
-    from django_jobq.execution import execute_batch
     from django_jobq.job import ClaimedJob
+    from django_jobq.worker.execution import execute_batch
 
     registry = HandlerRegistry()
 
@@ -216,8 +216,8 @@ def test_a_batch_handler_that_raises_retries_every_job_of_the_call(storage):
 
 
 def test_a_batch_result_of_the_wrong_length_fails_the_call(storage):
-    from django_jobq.execution import execute_batch
     from django_jobq.job import ClaimedJob
+    from django_jobq.worker.execution import execute_batch
 
     registry = HandlerRegistry()
     registry.register("q", lambda jobs: [1], batch=5)

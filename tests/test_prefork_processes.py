@@ -138,7 +138,7 @@ CRASHING_CHILD = """
 import logging, os, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from django_jobq.prefork import Prefork
+from django_jobq.worker.prefork import Prefork
 
 def serve(index):
     with Path(sys.argv[1]).open("a") as fh:

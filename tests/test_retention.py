@@ -11,13 +11,14 @@ import pytest
 from django.test import override_settings
 
 from django_jobq import Keep, Queue, Retention
-from django_jobq.conf import check_settings
+from django_jobq.backend import check_settings
+from django_jobq.conf import configured_retention
 from django_jobq.errors import ConfigurationError, InvalidOption
 from django_jobq.job import JobOptions, NewJob
-from django_jobq.reaper import Reaper
-from django_jobq.retention import configured_retention, parse_retention
 from django_jobq.storage.memory import MemoryStorage
+from django_jobq.validation import parse_retention
 from django_jobq.worker import Worker
+from django_jobq.worker.reaper import Reaper
 
 WEEK_MS = 7 * 24 * 3600 * 1000
 
@@ -154,7 +155,7 @@ def test_a_worker_started_with_settings_keeps_the_newest_completed_jobs(
 ):
     """End to end: the policy comes from settings through the worker's start, the finishing
     steps (or, on the database backend, the worker's own sweeps) apply it."""
-    from django_jobq.registry import HandlerRegistry
+    from django_jobq.tasks.registry import HandlerRegistry
     from tests.helpers import wait_until
 
     settings.JOBQ = {**settings.JOBQ, "QUEUES": {"wkeep": {"retention": {
@@ -181,7 +182,7 @@ def test_jobq_queue_shows_and_sets_retention(capsys):
 
     from django.core.management import CommandError, call_command
 
-    from django_jobq.conf import set_test_storage
+    from django_jobq.backend import set_test_storage
 
     storage = MemoryStorage()
     set_test_storage(storage)

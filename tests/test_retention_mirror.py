@@ -8,7 +8,7 @@ import pytest
 
 from django_jobq.job import JobOptions, Keep, NewJob, Retention
 from django_jobq.mirror import Mirror
-from django_jobq.mirror_check import check_queue
+from django_jobq.mirror.check import check_queue
 from django_jobq.models import Job, JobEvent
 from django_jobq.storage.redis.storage import RedisStorage
 
@@ -92,9 +92,9 @@ def test_a_journal_queue_does_not_bring_removed_jobs_back(
     """Journal mode: reconcile re-sends what Redis does not know unless a finished row says
     it ran. Retention deletes both the record and the row, so the mirror drops the journal
     entries of removed jobs too; otherwise the next reconcile would run them again."""
-    from django_jobq.journal import reconcile
     from django_jobq.models import JournalEntry
     from django_jobq.queue import Queue
+    from django_jobq.queue.journal import reconcile
 
     settings.JOBQ = {
         **settings.JOBQ,

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from django_jobq.errors import ConfigurationError
 from django_jobq.models import Schedule
 from django_jobq.queue import Queue
-from django_jobq.reaper import Reaper
-from django_jobq.registry import registry
-from django_jobq.schedule_sync import digest, is_drifted, sync
-from django_jobq.schedules import fire_due
+from django_jobq.schedules.core import fire_due
+from django_jobq.schedules.sync import digest, is_drifted, sync
 from django_jobq.states import JobState
 from django_jobq.storage.memory import MemoryStorage
+from django_jobq.tasks.registry import registry
 from django_jobq.worker import Worker
+from django_jobq.worker.reaper import Reaper
 
 from .helpers import PROCESS_START, Spawner, wait_until
 from .strategies import built, hostile_ids, hostile_settings, hostile_values, same_json

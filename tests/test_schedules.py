@@ -21,21 +21,22 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.urls import reverse
 
-from django_jobq import InvalidPayload, schedules
-from django_jobq.cron import parse_cron
+from django_jobq import InvalidPayload
 from django_jobq.models import Schedule
 from django_jobq.queue import Queue
-from django_jobq.reaper import Reaper
-from django_jobq.schedules import (
+from django_jobq.schedules import core as schedules
+from django_jobq.schedules import validate_schedule
+from django_jobq.schedules.core import (
     fire_due,
     fire_now,
     manual_job_id,
     schedules_alias,
     tick_job_id,
-    validate_schedule,
 )
+from django_jobq.schedules.cron import parse_cron
 from django_jobq.storage.redis.storage import RedisStorage
 from django_jobq.validation import JOB_ID_MAX_LENGTH, validate_job_id
+from django_jobq.worker.reaper import Reaper
 
 from .helpers import PROCESS_START, Spawner, wait_until
 

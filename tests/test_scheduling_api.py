@@ -10,13 +10,14 @@ import pytest
 from django.test import override_settings
 
 from django_jobq import ChangeOutcome, EnqueueOutcome, JobState, QueueBusy, RateLimited
-from django_jobq.conf import check_settings, configured_limits
+from django_jobq.backend import check_settings
+from django_jobq.conf import configured_limits
 from django_jobq.errors import ConfigurationError, InvalidOption
-from django_jobq.execution import execute
 from django_jobq.job import ClaimedJob, DedupMode, QueueLimits, RunAtUpdate
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.storage.memory import MemoryStorage
+from django_jobq.tasks.registry import HandlerRegistry
+from django_jobq.worker.execution import execute
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_jobq.conf import check_settings, get_storage
+from django_jobq.backend import check_settings, get_storage
 from django_jobq.errors import ConfigurationError
 from django_jobq.storage.memory import MemoryStorage
 from django_jobq.storage.redis.storage import RedisStorage

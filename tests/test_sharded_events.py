@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from django_jobq.errors import InvalidOption
 from django_jobq.job import Event
 from django_jobq.queue import Queue
-from django_jobq.sharded_events import encode_cursor, parse_cursor
-from django_jobq.sharded_queue import ShardedQueue
+from django_jobq.queue.sharded import ShardedQueue
+from django_jobq.queue.sharded_events import encode_cursor, parse_cursor
 
 from .helpers import wait_until
 from .test_sharding import ids_in, settings_for, unique

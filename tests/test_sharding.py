@@ -25,23 +25,21 @@ from django_jobq.errors import (
 )
 from django_jobq.job import CancelOutcome, ChangeOutcome, EnqueueOutcome, RetryOutcome
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
-from django_jobq.sharded_queue import ShardedQueue
-from django_jobq.sharding import (
+from django_jobq.queue.sharded import ShardedQueue
+from django_jobq.queue.sharding import collapse, route, served_queues
+from django_jobq.states import JobState
+from django_jobq.storage.redis.keys import QueueKeys
+from django_jobq.tasks import task
+from django_jobq.tasks.registry import HandlerRegistry
+from django_jobq.validation import (
     MAX_SHARDS,
-    collapse,
     logical_name,
     parse_partition,
     partition_name,
     partition_names,
-    route,
-    served_queues,
     validate_physical_queue_name,
+    validate_queue_name,
 )
-from django_jobq.states import JobState
-from django_jobq.storage.redis.keys import QueueKeys
-from django_jobq.tasks import task
-from django_jobq.validation import validate_queue_name
 from django_jobq.worker import Worker
 
 from .helpers import running_workers, wait_until
@@ -91,7 +89,7 @@ def test_one_shard_is_the_plain_queue():
 def test_routing_is_crc32_and_the_same_in_every_process():
     ids = [f"id-{i}" for i in range(50)]
     assert [route(i, 7) for i in ids] == [zlib.crc32(i.encode()) % 7 for i in ids]
-    code = f"from django_jobq.sharding import route;print([route(i, 7) for i in {ids!r}])"
+    code = f"from django_jobq.queue.sharding import route;print([route(i, 7) for i in {ids!r}])"
     for seed in ("1", "2"):  # str hash() differs per seed; the route must not
         out = subprocess.run(
             [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
@@ -102,7 +100,7 @@ def test_routing_is_crc32_and_the_same_in_every_process():
 
 @pytest.mark.parametrize("bad", [0, MAX_SHARDS + 1, True, 2.0, "3", None])
 def test_a_bad_shard_count_is_refused(bad, settings):
-    from django_jobq.conf import check_settings
+    from django_jobq.backend import check_settings
 
     if bad is not None:  # None as the argument means "the setting"
         with pytest.raises(InvalidOption, match="shards"):
@@ -395,7 +393,7 @@ def test_a_worker_given_the_logical_name_serves_every_partition(live_storage, se
 def test_a_flow_across_sharded_queues_releases_its_parent(live_storage, settings):
     """Parents and children are named by their partition in the flow's envelopes, so the
     storage steps that find and release them reach the right one."""
-    from django_jobq.flows import enqueue_flow, node
+    from django_jobq.queue.flows import enqueue_flow, node
 
     parent_q, child_q = unique("fp"), unique("fc")
     settings.JOBQ = {**settings.JOBQ, "QUEUES": {parent_q: {"shards": 3}, child_q: {"shards": 2}}}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from django_jobq.queue import Queue
-from django_jobq.sharded_queue import ShardedQueue
+from django_jobq.queue.sharded import ShardedQueue
 from tests.conftest import FakeClock, make_storage
 
 IDS = ("a", "b", "c", "d", "e.1", "f-2")

@@ -10,9 +10,9 @@ import pytest
 from django_jobq import JobFailed, JobState, signals
 from django_jobq.errors import PermanentError
 from django_jobq.queue import Queue
-from django_jobq.reaper import Reaper
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
+from django_jobq.worker.reaper import Reaper
 
 from .helpers import wait_until
 

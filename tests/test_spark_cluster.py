@@ -10,7 +10,7 @@ import sys
 import pytest
 from django.db import connections
 
-from django_jobq.spark import export_history, submit
+from django_jobq.contrib.spark import export_history, submit
 
 from . import spark_history as history
 from .helpers import ROOT

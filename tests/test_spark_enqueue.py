@@ -9,8 +9,8 @@ import pytest
 from django.conf import settings
 from pyspark.sql import types as T
 
+from django_jobq.contrib.spark import EnqueueCounts, enqueue_dataframe
 from django_jobq.errors import InvalidOption
-from django_jobq.spark import EnqueueCounts, enqueue_dataframe
 from django_jobq.states import JobState
 
 from .spark_queues import redis_queue

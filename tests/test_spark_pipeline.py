@@ -10,9 +10,9 @@ import pyarrow.dataset as ds
 import pytest
 from django.core.management import call_command
 
+from django_jobq.contrib.spark import export_history, run_analytics
+from django_jobq.contrib.spark.metrics import ACCURACY
 from django_jobq.models import ExportWatermark, QueueMetric
-from django_jobq.spark import export_history, run_analytics
-from django_jobq.spark.metrics import ACCURACY
 
 from . import spark_history as history
 
@@ -146,7 +146,7 @@ def test_commands_refuse_bad_options(tmp_path, spark):
 
 @pytest.mark.django_db(databases=["default"], transaction=True)
 def test_export_reads_sqlite_too_in_bounded_id_batches(tmp_path, monkeypatch):
-    from django_jobq.spark import export as export_module
+    from django_jobq.contrib.spark import export as export_module
 
     monkeypatch.setattr(export_module, "IN_BATCH", 7)  # several IN (...) batches per chunk
     generated = history.generate(n_jobs=60, seed=3)
@@ -170,6 +170,6 @@ def test_export_reads_sqlite_too_in_bounded_id_batches(tmp_path, monkeypatch):
     ],
 )
 def test_since_accepts_dates_datetimes_and_ages(text, expected):
-    from django_jobq.spark.cli import parse_since
+    from django_jobq.contrib.spark.cli import parse_since
 
     assert parse_since(text, now=dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)) == expected

@@ -7,9 +7,9 @@ import pyarrow.dataset as ds
 import pytest
 from django.db import connections
 
+from django_jobq.contrib.spark import export_history
+from django_jobq.contrib.spark.history import _history_query
 from django_jobq.queue import Queue
-from django_jobq.spark import export_history
-from django_jobq.spark.history import _history_query
 from django_jobq.storage.database import DatabaseStorage
 
 pytestmark = [pytest.mark.spark]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from django_jobq import stopsignals
+from django_jobq.worker import stopsignals
 
 # Long enough for any loaded machine to run a thread that is ready; a correct relay never
 # waits it out (it decides on events), a handler that runs the stop itself always does.

@@ -10,8 +10,8 @@ import pytest
 from django_jobq import JobState
 from django_jobq.errors import InvalidOption, InvalidPayload
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.tasks import chain, chord, group, task
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from django_jobq import JobState, PermanentError
 from django_jobq.errors import ConfigurationError
-from django_jobq.execution import envelope_meta, execute, make_job
-from django_jobq.failures import FailureCaller
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.tasks import Backoff, task
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
+from django_jobq.worker.execution import envelope_meta, execute, make_job
+from django_jobq.worker.failures import FailureCaller
 
 from .helpers import wait_until
 

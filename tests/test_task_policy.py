@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_jobq.errors import ConfigurationError, PermanentError, RateLimited, Retry, RetryDecision
-from django_jobq.execution import error_verdict
 from django_jobq.job import ClaimedJob
 from django_jobq.tasks import Backoff, RetryPolicy
+from django_jobq.worker.execution import error_verdict
 
 SECONDS = st.floats(min_value=0, max_value=3600, allow_nan=False)
 BACKOFFS = st.one_of(

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from django_jobq import JobFailed, JobState
 from django_jobq.errors import ConfigurationError, InvalidPayload
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
 from django_jobq.tasks import Backoff, task
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until

@@ -16,10 +16,10 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 
+from django_jobq.contrib.tasks_backend import JobQBackend
 from django_jobq.job import JobOptions, NewJob
-from django_jobq.registry import registry
 from django_jobq.states import JobState
-from django_jobq.tasks_backend import JobQBackend
+from django_jobq.tasks.registry import registry
 from django_jobq.worker import Worker
 
 from . import task_funcs
@@ -200,7 +200,10 @@ def test_a_project_handler_on_a_task_queue_is_refused(settings):
 
     registry.register("tasks-clash", lambda job: None)
     try:
-        conf = {"BACKEND": "django_jobq.tasks_backend.JobQBackend", "QUEUES": ["tasks-clash"]}
+        conf = {
+            "BACKEND": "django_jobq.contrib.tasks_backend.JobQBackend",
+            "QUEUES": ["tasks-clash"],
+        }
         with override_settings(TASKS={"clash": conf}), pytest.raises(ConfigurationError):
             task_backends["clash"]
     finally:

@@ -15,7 +15,7 @@ from django.tasks import task_backends
 from django.test import override_settings
 
 from django_jobq import PermanentError, RateLimited
-from django_jobq.conf import get_storage
+from django_jobq.backend import get_storage
 from django_jobq.errors import (
     ConfigurationError,
     InvalidJobId,
@@ -24,11 +24,11 @@ from django_jobq.errors import (
     SerializationError,
     Timeout,
 )
-from django_jobq.flows import chain, enqueue_flow, node
 from django_jobq.models import Schedule
 from django_jobq.queue import get_queue
-from django_jobq.registry import registry
+from django_jobq.queue.flows import chain, enqueue_flow, node
 from django_jobq.states import JobState
+from django_jobq.tasks.registry import registry
 from django_jobq.testing import JobRunError, jobq_test_mode
 from django_jobq.testing.pytest_plugin import jobq  # noqa: F401 - the fixture, by name
 from django_jobq.testing.storage import CapturingStorage

@@ -13,9 +13,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_jobq import JobFailed, tracing
-from django_jobq.flows import enqueue_flow, node
+from django_jobq import JobFailed
+from django_jobq.observability import tracing
 from django_jobq.queue import Queue
+from django_jobq.queue.flows import enqueue_flow, node
 from django_jobq.storage.redis.storage import RedisStorage
 
 from .helpers import Spawner, wait_until

@@ -30,9 +30,10 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import SpanKind
 
-from django_jobq import JobState, fastpath, tracing
+from django_jobq import JobState
+from django_jobq.observability import fastpath, tracing
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until
@@ -401,7 +402,7 @@ def test_a_mark_is_read_only_under_samplers_that_drop_an_unsampled_remote_parent
 
 
 def test_unsampled_sends_mark_their_jobs_and_sampled_ones_carry_their_context(live_storage):
-    from django_jobq.flows import enqueue_flow, node
+    from django_jobq.queue.flows import enqueue_flow, node
 
     made, _ = provider(ParentBased(ALWAYS_OFF), 5)
     tracing.use_provider(made)

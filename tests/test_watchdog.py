@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_jobq.pools.watchdog import Watchdog
+from django_jobq.worker.pools.watchdog import Watchdog
 
 from .helpers import wait_until
 

@@ -10,7 +10,7 @@ import pytest
 from django_jobq import JobFailed, JobState
 from django_jobq.errors import PermanentError, Retry
 from django_jobq.queue import Queue
-from django_jobq.registry import HandlerRegistry
+from django_jobq.tasks.registry import HandlerRegistry
 from django_jobq.worker import Worker
 
 from .helpers import wait_until
@@ -245,8 +245,8 @@ def test_a_quiet_worker_runs_short_lone_jobs_and_waits_again_on_one_thread(
 ):
     # Arrange: every job counts as short and none is long enough to have its wait passed on
     # (so the machine's speed decides nothing here).
-    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
-    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 3600.0)
     # Act
     pairs = _waits_around_lone_jobs(q, handlers, run_worker, live_storage, backend, monkeypatch, 6)
     # Assert: the thread that claimed a job alone ran it and made the next wait itself.
@@ -259,8 +259,8 @@ def test_a_quiet_worker_whose_lone_jobs_are_not_short_passes_each_wait_on_first(
     # Arrange: no job counts as short (the first is run inline, as nothing is known yet), and
     # none has its wait passed on by the watchdog; each handler looks for another thread's
     # wait in flight while it runs.
-    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 0.0)
-    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.INLINE_UNDER", 0.0)
+    monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 3600.0)
     in_flight = _count_waits(live_storage, backend, monkeypatch)
     seen: list[bool] = []
 
@@ -281,10 +281,10 @@ def test_lone_jobs_of_a_quiet_worker_set_no_timer_per_job(
 ):
     # Arrange: every job counts as short and the watchdog's look is an hour away; the
     # watchdog's schedule calls are counted (no handler here has a soft timeout).
-    from django_jobq.pools.watchdog import Watchdog
+    from django_jobq.worker.pools.watchdog import Watchdog
 
-    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
-    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 3600.0)
     _count_waits(live_storage, backend, monkeypatch)  # (skips where no wait claims)
     delays: list[float] = []
     schedule = Watchdog.schedule
@@ -308,8 +308,8 @@ def test_the_watchdog_stops_looking_at_lone_jobs_once_the_worker_is_quiet(
     # Arrange: looks every 20 ms; every job counts as short.
     from .test_watchdog import asleep
 
-    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
-    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 0.02)
+    monkeypatch.setattr("django_jobq.worker.core.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 0.02)
     _count_waits(live_storage, backend, monkeypatch)
     handlers.register("w", lambda job: job.payload)
     w = run_worker(concurrency=4)
@@ -327,8 +327,8 @@ def test_a_job_whose_wait_was_passed_on_never_takes_back_the_wait_of_a_later_run
     q, handlers, run_worker, live_storage, backend, monkeypatch
 ):
     # Arrange: every job counts as short; a long one has its wait passed on after 50 ms.
-    monkeypatch.setattr("django_jobq.worker.INLINE_UNDER", 3600.0)
-    monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 0.05)
+    monkeypatch.setattr("django_jobq.worker.core.INLINE_UNDER", 3600.0)
+    monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 0.05)
     in_flight = _count_waits(live_storage, backend, monkeypatch)
     started = {"long": threading.Event(), "short": threading.Event()}
     release = {"long": threading.Event(), "short": threading.Event()}
@@ -348,7 +348,7 @@ def test_a_job_whose_wait_was_passed_on_never_takes_back_the_wait_of_a_later_run
         q.enqueue("long", "long")
         assert started["long"].wait(30)
         assert wait_until(lambda: in_flight[0] == 1, 30)
-        monkeypatch.setattr("django_jobq.worker.PASS_ON_AFTER", 3600.0)
+        monkeypatch.setattr("django_jobq.worker.core.PASS_ON_AFTER", 3600.0)
         q.enqueue("short", "short")
         assert started["short"].wait(30)
         assert in_flight[0] == 0  # the short job's thread holds the wait while it runs

@@ -11,7 +11,7 @@ urlpatterns = [
     path("jobq/redoc/", JobqRedocView.as_view(url_name="jobq-api:schema"), name="jobq-redoc"),
     path("jobq/", include("django_jobq.api.urls")),
 ]
-urlpatterns.append(path("metrics/", include("django_jobq.metrics.urls")))
+urlpatterns.append(path("metrics/", include("django_jobq.observability.metrics.urls")))
 # tests/test_async_producers.py: async views under a real ASGI server.
 urlpatterns += [
     path("async/add/<int:a>/<int:b>/", asgi_views.add_and_wait),

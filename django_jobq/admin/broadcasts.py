@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from ..broadcast import Broadcast, broadcast_names
+from ..broadcast.core import Broadcast, broadcast_names
 from ..errors import ValidationError
 from ..job import ms_to_datetime
 

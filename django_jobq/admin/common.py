@@ -18,10 +18,13 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from .. import permissions as ops
-from ..conf import get_storage, jobq_settings
+from ..backend import get_storage
+from ..conf import jobq_settings
 from ..permissions import PERMISSIONS
-from ..queue import Queue, get_queue, serde_for
-from ..sharding import collapse, members, validate_physical_queue_name
+from ..queue.core import Queue, get_queue
+from ..queue.sharding import collapse, members
+from ..serde import serde_for
+from ..validation import validate_physical_queue_name
 
 logger = logging.getLogger("django_jobq.admin")
 
@@ -51,7 +54,7 @@ def mirror_banner() -> str | None:
     ``MIRROR["LAG_WARNING"]`` seconds behind Redis, for an hour after the mirror lost events
     and re-read a queue (a gap), or while the mirror has set jobs aside;
     None when the rows are current (or are the state: database backend)."""
-    from .. import mirror_check
+    from ..mirror import check as mirror_check
     from ..models import MirrorReject
 
     if not has_mirror():

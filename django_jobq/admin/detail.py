@@ -10,9 +10,9 @@ from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
 
-from .. import envelope
 from ..job import ms_to_datetime
 from ..models import Job, Schedule
+from ..serde import unwrap
 from ..states import JobState
 from .actions import ACTIONS
 from .common import (
@@ -51,7 +51,7 @@ ACTION_STATES = {
 
 def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
     live, live_error = _live_status(job)
-    payload, meta = envelope.unwrap(job.content_type, decode_blob(job.payload, job.content_type))
+    payload, meta = unwrap(job.content_type, decode_blob(job.payload, job.content_type))
     state = str(live.state.value if live is not None else job.state)
     return {
         "state_label": state_label(job, state, meta),
@@ -198,7 +198,7 @@ def state_label(job: Job, state: str, meta: dict[str, Any] | None = None) -> str
     if meta is None:
         if "payload" in job.get_deferred_fields() or job.payload is None:  # the job list
             return "waiting for children"
-        meta = envelope.unwrap(job.content_type, decode_blob(job.payload, job.content_type))[1]
+        meta = unwrap(job.content_type, decode_blob(job.payload, job.content_type))[1]
     waiting = children_waiting(meta)
     if waiting is None:
         return "waiting for children"

@@ -22,13 +22,13 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from .. import rollup
-from ..conf import get_storage
+from ..backend import get_storage
 from ..errors import ValidationError as RefusedInput
 from ..job import ms_to_datetime
+from ..mirror import rollup
 from ..models import Job
-from ..sharding import logical_name
 from ..states import JobState
+from ..validation import logical_name
 from . import deadletters
 from .charts import finished_counts, history_charts, queue_charts
 from .common import (

@@ -17,8 +17,8 @@ from django.utils.html import format_html
 from django.utils.timezone import localtime
 
 from ..models import Schedule
-from ..schedule_sync import SETTINGS, is_drifted
-from ..schedules import describe, fire_now, validate_schedule
+from ..schedules.core import describe, fire_now, validate_schedule
+from ..schedules.sync import SETTINGS, is_drifted
 
 
 class ScheduleForm(forms.ModelForm):

@@ -19,7 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from ..conf import get_storage, jobq_settings
+from ..backend import get_storage
+from ..conf import jobq_settings
 from ..job import ms_to_datetime
 from ..models import Job, WorkerInfo
 from ..states import JobState

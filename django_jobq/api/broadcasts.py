@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..broadcast import Broadcast, broadcast_names
+from ..broadcast.core import Broadcast, broadcast_names
 from ..storage.broadcast_base import PublishOutcome
 from .base import JobQView
 from .jobs import ERRORS

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..queue import get_queue
+from ..queue.core import get_queue
 from .base import JobQView
 from .jobs import ERRORS
 from .serializers import JobStatusSerializer

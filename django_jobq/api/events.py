@@ -36,12 +36,13 @@ from rest_framework import renderers, serializers
 from rest_framework.request import Request
 
 from .. import permissions as ops
-from ..conf import get_storage
-from ..events import KINDS, validate_kinds, validate_since
+from ..backend import get_storage
+from ..conf import configured_shards
 from ..job import Event
-from ..sharded_events import MAX_CURSOR, MergedEvents, parse_cursor
-from ..sharding import configured_shards, partition_names
+from ..queue.events import KINDS, validate_kinds, validate_since
+from ..queue.sharded_events import MAX_CURSOR, MergedEvents, parse_cursor
 from ..storage.base import Storage
+from ..validation import partition_names
 from .base import JobQView
 from .jobs import ERRORS
 

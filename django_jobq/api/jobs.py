@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from .. import permissions as ops
 from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult, RetryOutcome
-from ..queue import Queue, get_queue
+from ..queue.core import Queue, get_queue
 from ..states import TERMINAL_STATES
 from .base import Conflict, JobQView
 from .idempotency import HEADER, idempotent

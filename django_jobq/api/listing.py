@@ -13,12 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..conf import get_storage, jobq_settings
+from ..backend import get_storage
+from ..conf import jobq_settings
 from ..models import Job
-from ..registry import registry
-from ..schedules import schedules_alias
-from ..sharding import members
+from ..queue.sharding import members
+from ..schedules.core import schedules_alias
 from ..states import JobState
+from ..tasks.registry import registry
 from ..validation import QUEUE_NAME_PATTERN
 from .base import JobQView
 from .jobs import ERRORS

@@ -19,16 +19,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import mirror_check
 from .. import permissions as ops
-from ..conf import get_storage, jobq_settings
+from ..backend import get_storage
+from ..conf import jobq_settings
 from ..job import ms_to_datetime
+from ..mirror import check as mirror_check
 from ..models import Job, MirrorReject, Schedule
-from ..queue import get_queue
-from ..schedules import fire_now, validate_schedule
-from ..sharding import logical_name
+from ..queue.core import get_queue
+from ..schedules.core import fire_now, validate_schedule
 from ..states import JobState
 from ..storage.base import Storage, WorkerRecord
+from ..validation import logical_name
 from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias

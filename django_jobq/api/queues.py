@@ -14,8 +14,8 @@ from rest_framework.response import Response
 
 from .. import permissions as ops
 from ..models import Job
-from ..queue import Queue, get_queue
-from ..sharding import collapse
+from ..queue.core import Queue, get_queue
+from ..queue.sharding import collapse
 from ..states import JobState
 from .base import JobQView
 from .jobs import ERRORS

@@ -13,10 +13,9 @@ from ..errors import InvalidJobId, PayloadTooLarge
 from ..errors import ValidationError as JobQValidationError
 from ..job import DedupMode
 from ..models import Job
-from ..queue import Queue
-from ..sharding import logical_name
+from ..queue.core import Queue
 from ..states import JobState
-from ..validation import MAX_DURATION_MS, PRIORITY_RANGE
+from ..validation import MAX_DURATION_MS, PRIORITY_RANGE, logical_name
 
 MS = {"min_value": 0, "max_value": MAX_DURATION_MS}
 COUNT = {"min_value": 1, "max_value": 1_000_000}

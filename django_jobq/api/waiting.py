@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..job import JobResult
-from ..queue import Queue
+from ..queue.core import Queue
 from ..states import TERMINAL_STATES
 
 MAX_WAIT = 30.0

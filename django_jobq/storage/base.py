@@ -12,6 +12,7 @@ from the backend's own clock (Redis: server ``TIME``, so workers' clocks never d
 from __future__ import annotations
 
 import abc
+import asyncio
 import functools
 import inspect
 import secrets
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from ..errors import StorageUnavailable
 from ..job import (
@@ -646,9 +649,47 @@ class Storage(abc.ABC):
             states.append(None if record is None else record.state)
         return states
 
+    # -- async twins (Django's ``a*`` convention), for ``Queue.aenqueue`` & co. ---------------
+    # No native async client exists for the database backend's SQL (Django's async ORM is
+    # itself a thread hop around the sync ORM), so by default the short calls run through
+    # ``sync_to_async`` (thread-sensitive: on the thread where Django manages the request's
+    # connection) and the long wait in a thread of its own (``in_thread``), so a wait never
+    # holds the shared sync thread (which would stall every other sync view of the process).
+    # The Redis backend overrides them with native async I/O (``redis/aio.py``).
+
+    async def aregister_queue(self, queue: str) -> None:
+        await sync_to_async(self.register_queue)(queue)
+
+    async def aenqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
+        return await sync_to_async(self.enqueue)(queue, job)
+
+    async def aget_record(self, queue: str, job_id: str) -> JobRecord | None:
+        return await sync_to_async(self.get_record)(queue, job_id)
+
+    async def await_for_outcome(
+        self, queue: str, job_id: str, timeout: float
+    ) -> FinalOutcome | None:
+        return await in_thread(self.wait_for_outcome, queue, job_id, timeout)
+
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to close
         """Release connections; the storage is not used afterwards."""
 
     def broadcasts(self) -> BroadcastStore:
         """This backend's broadcast storage (``broadcast_base.py``), built once and shared."""
         raise NotImplementedError(f"{type(self).__name__} does not store broadcasts")
+
+
+async def in_thread[T](func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a thread of its own, closing the database connections that thread
+    opened: for calls that block for long (a wait), which must not hold the one thread that
+    ``sync_to_async`` shares with every sync view."""
+
+    def run() -> T:
+        from django.db import connections
+
+        try:
+            return func(*args)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(run)

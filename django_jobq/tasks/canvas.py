@@ -23,15 +23,18 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
 from ..errors import InvalidOption, InvalidPayload
-from ..flows import FlowNode, enqueue_flow, node
 from ..job import EnqueueResult
-from .core import TASK_META, Task
+from ..queue.flows import FlowNode, enqueue_flow, node
+from ..serde import TASK_META
 from .results import CHAIN, CHORD, CanvasResult, GroupResult, Member
+
+if TYPE_CHECKING:
+    from .core import Task
 
 #: Envelope meta key: how a flow parent's task takes its children's results.
 RESULTS_META = "takes"
@@ -199,7 +202,7 @@ def _store(
     members: list[Member],
     awaited: list[int],
 ) -> CanvasResult:
-    from ..queue import Queue, get_queue
+    from ..queue.core import Queue, get_queue
 
     # Calls bound to a Queue object (``task.using(queue=Queue(..., storage=s))``) keep their
     # storage; otherwise each queue is the configured one, as get_queue gives.

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, InvalidOption, InvalidPayload, PermanentError
 from ..job import EnqueueResult, Job, JobResult, JobStatus
-from ..registry import HandlerRegistry, registry
+from ..serde import TASK_META
 from ..validation import (
     validate_positive_int,
     validate_positive_ms,
@@ -36,8 +36,8 @@ from ..validation import (
     validate_seconds,
 )
 from .policy import RetryPolicy, backoff_from, exception_classes
+from .registry import HandlerRegistry, registry, route
 
-TASK_META = "task"
 ARGS, KWARGS = "args", "kwargs"
 # Dotted Python names, plus ":" and "-" for names a project picks itself ("emails:welcome").
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -124,7 +124,7 @@ class Task:
     def target_queue(self) -> Any:
         """The Queue jobs of this call go to: ``using(queue=...)``, else ``JOBQ["ROUTES"]``
         for this task's name, else the queue given to ``@task``."""
-        from ..queue import Queue, get_queue
+        from ..queue.core import Queue, get_queue
 
         target = self._queue_override
         if isinstance(target, Queue):
@@ -237,7 +237,7 @@ class Task:
         task's name) once per job of this task that fails for good, with the guarantees of a
         queue's failure handler (recorded in the step that fails the job, at least once,
         retried by its own policy), instead of the queue's. Returns ``func``."""
-        from ..registry import failure_policy
+        from .registry import failure_policy
 
         policy = failure_policy(backoff, retry_on, dont_retry_on)
 
@@ -375,13 +375,6 @@ def _job_options(
     if meta:
         options["meta"] = meta
     return options
-
-
-def route(name: str, default: str) -> str:
-    """The queue of task ``name``: ``JOBQ["ROUTES"][name]`` when set, else ``default``."""
-    from ..conf import jobq_settings
-
-    return jobq_settings()["ROUTES"].get(name, default)
 
 
 def task(

@@ -185,7 +185,7 @@ class CanvasResult:
 
     async def aget(self, timeout: float) -> Any:
         """``get`` for async code: on Redis the wait is an async ``BLPOP`` (no thread held),
-        elsewhere a thread of its own (``aio.py``)."""
+        elsewhere a thread of its own (``Storage.await_for_outcome``)."""
         deadline = time.monotonic() + validate_seconds("timeout", timeout)
         values = []
         for index in self._awaited:
@@ -214,20 +214,18 @@ class CanvasResult:
         return storage.wait_for_outcome(where, member.job_id, remaining)
 
     async def _aoutcome(self, member: Member, deadline: float) -> FinalOutcome | None:
-        from .. import aio
-
         queue = self._queues[member.queue]
         if getattr(queue, "shards", 1) > 1:  # finding the partition reads storage: a thread
             storage, where = await _in_thread(self._home, member)
         else:
             storage, where = queue.storage, queue.name
-        record = await aio.get_record(storage, where, member.job_id)
+        record = await storage.aget_record(where, member.job_id)
         if (finished := final_outcome(_require(record, member))) is not None:
             return finished
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
-        return await aio.wait_for_outcome(storage, where, member.job_id, remaining)
+        return await storage.await_for_outcome(where, member.job_id, remaining)
 
     def _failure(self, index: int, outcome: FinalOutcome) -> CanvasFailed:
         """The error naming the member that failed. A flow parent that failed because a child

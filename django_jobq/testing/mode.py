@@ -10,11 +10,11 @@ from typing import Any
 
 from django.test.utils import TestContextDecorator
 
-from .. import conf
+from .. import backend
 from ..errors import ConfigurationError
 from ..job import DeadLetter, JobResult, JobStatus, PendingFailureCall
-from ..queue import Queue
-from ..registry import HandlerRegistry, registry
+from ..queue.core import Queue
+from ..tasks.registry import HandlerRegistry, registry
 from .runner import InlineRunner, Run
 from .storage import CapturingStorage, EnqueuedJob, TestClock
 
@@ -43,13 +43,13 @@ class JobQTestMode:
         if _active is not None:
             raise ConfigurationError("a jobq test mode is already on (they do not nest)")
         _active = self
-        conf.set_test_storage(self.storage)
+        backend.set_test_storage(self.storage)
         return self
 
     def stop(self) -> None:
         global _active
         if _active is self:
-            conf.set_test_storage(None)
+            backend.set_test_storage(None)
             _active = None
 
     def __enter__(self) -> JobQTestMode:
@@ -67,7 +67,7 @@ class JobQTestMode:
 
     def queue(self, name: str = "default") -> Queue:
         """The queue as the code under test gets it from ``get_queue(name)``."""
-        from ..queue import get_queue
+        from ..queue.core import get_queue
 
         return get_queue(name)
 
@@ -106,7 +106,7 @@ class JobQTestMode:
 
     def fire_schedules(self) -> list[str]:
         """Enqueue the schedules due on the test clock now; returns the stored job ids."""
-        from ..schedules import fire_due
+        from ..schedules.core import fire_due
 
         return fire_due(self.clock.now(), storage=self.storage)
 

@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import flows
 from ..conf import jobq_settings
 from ..errors import ConfigurationError, JobQError
-from ..execution import envelope_meta, execute, execute_batch, make_job
-from ..failures import FailureCaller
 from ..job import PARKED_FLOOR, AckOutcome, ClaimedJob, FailureCall, Reporter
-from ..queue import serde_for
-from ..registry import HandlerRegistry
+from ..queue import flows
+from ..serde import serde_for
 from ..storage.base import Ack
+from ..tasks.registry import HandlerRegistry
+from ..worker.execution import envelope_meta, execute, execute_batch, make_job
+from ..worker.failures import FailureCaller
 from .storage import CapturingStorage
 
 logger = logging.getLogger("django_jobq.testing")
@@ -180,7 +180,7 @@ class InlineRunner:
 
     def _fire_schedules(self) -> None:
         """What the reaper does on each sweep: enqueue the schedules due on the test clock."""
-        from ..schedules import fire_due
+        from ..schedules.core import fire_due
 
         fire_due(self.storage.test_clock.now(), storage=self.storage)
 

@@ -9,9 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import envelope
 from ..job import PARKED_FLOOR, EnqueueOutcome, JobOptions, NewJob, StoredEnqueue, ms_to_datetime
-from ..queue import serde_for
+from ..serde import serde_for, unwrap
 from ..states import TERMINAL_STATES, JobState
 from ..storage.memory import MemoryStorage
 
@@ -124,7 +123,7 @@ class CapturingStorage(MemoryStorage):
     def _describe(self, entry: _Captured) -> EnqueuedJob:
         job = entry.job
         value = serde_for(job.content_type).loads(job.payload)
-        payload, meta = envelope.unwrap(job.content_type, value)
+        payload, meta = unwrap(job.content_type, value)
         record = self.get_record(entry.queue, job.job_id)
         state = record.state if record is not None else None
         return EnqueuedJob(

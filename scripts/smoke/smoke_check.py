@@ -74,9 +74,9 @@ def main() -> None:
     if os.environ.get("SMOKE_SPARK", "1") == "1":
         import pyspark
 
-        import django_jobq.spark  # noqa: F401
+        import django_jobq.contrib.spark  # noqa: F401
 
-        check(True, f"django_jobq.spark imports (pyspark {pyspark.__version__})")
+        check(True, f"django_jobq.contrib.spark imports (pyspark {pyspark.__version__})")
 
     from django.conf import settings
 

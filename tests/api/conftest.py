@@ -11,7 +11,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from django_jobq.api.keys import create_key
-from django_jobq.conf import get_storage, reset_storage
+from django_jobq.backend import get_storage, reset_storage
 from django_jobq.mirror import Mirror
 from django_jobq.worker import Worker
 

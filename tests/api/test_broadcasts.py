@@ -140,9 +140,9 @@ def test_workers_list_subscriber_workers_with_their_groups_by_scope(api_backend,
     """A subscriber worker is listed with its groups and pool. A key scoped to a broadcast
     sees it, with that broadcast's groups only; a key scoped to a queue sees the job worker
     and not the subscriber worker; a key scoped to neither sees neither."""
+    from django_jobq.backend import get_storage
     from django_jobq.broadcast import Subscription
-    from django_jobq.conf import get_storage
-    from django_jobq.subscribers import SubscriberWorker
+    from django_jobq.broadcast.subscribers import SubscriberWorker
 
     from ..helpers import wait_until
     from .conftest import registered_workers

@@ -19,7 +19,7 @@ import pytest
 from django.db import connections
 
 from django_jobq.api.keys import create_key
-from django_jobq.conf import get_storage, reset_storage
+from django_jobq.backend import get_storage, reset_storage
 from django_jobq.queue import Queue
 
 from ..helpers import Spawner, start_server, wait_until

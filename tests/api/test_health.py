@@ -7,7 +7,7 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from django_jobq.conf import get_storage, reset_storage
+from django_jobq.backend import get_storage, reset_storage
 from django_jobq.models import Job
 from django_jobq.queue import get_queue
 

@@ -261,8 +261,8 @@ def test_a_non_finite_float_in_a_request_body_is_400_and_stores_nothing(api):
 def test_a_handler_returning_nan_leaves_a_job_the_api_can_read(api_backend, api):
     """Stored, a NaN result made every REST read of the job a 500; now the attempt fails with
     BadResult, which reads back like any other failure."""
-    from django_jobq.conf import get_storage
-    from django_jobq.registry import HandlerRegistry
+    from django_jobq.backend import get_storage
+    from django_jobq.tasks.registry import HandlerRegistry
     from django_jobq.worker import Worker
 
     handlers = HandlerRegistry()

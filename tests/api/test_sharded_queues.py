@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from django_jobq.queue import get_queue
-from django_jobq.sharded_queue import ShardedQueue
+from django_jobq.queue.sharded import ShardedQueue
 from django_jobq.states import JobState
 
 from ..helpers import wait_until

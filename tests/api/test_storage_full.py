@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from django_jobq.conf import reset_storage
+from django_jobq.backend import reset_storage
 
 from ..private_redis import PrivateRedis
 from ..test_storage_unavailable import Q, fill, queue_on

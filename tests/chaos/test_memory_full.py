@@ -7,7 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from django_jobq.api.keys import create_key
-from django_jobq.conf import reset_storage
+from django_jobq.backend import reset_storage
 from django_jobq.errors import StorageFull
 from django_jobq.storage.redis.keys import QueueKeys
 

@@ -28,11 +28,11 @@ from django.db import connections
 
 from django_jobq.job import AckOutcome, ClaimedJob, EnqueueOutcome
 from django_jobq.queue import Queue
-from django_jobq.reaper import Reaper
 from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
+from django_jobq.worker.reaper import Reaper
 
 from ..chaos.restart_support import write_report
 from ..helpers import wait_until

@@ -10,11 +10,12 @@ import pytest
 from django.test import override_settings
 
 from django_jobq import JobState
-from django_jobq.conf import check_settings
+from django_jobq.backend import check_settings
 from django_jobq.errors import ConfigurationError
-from django_jobq.flows import enqueue_flow, node, resolve_parked
 from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
-from django_jobq.storage.redis.cluster import ClusterRedisStorage, cluster_client_from_url
+from django_jobq.queue.flows import enqueue_flow, node, resolve_parked
+from django_jobq.storage.redis.cluster import cluster_client_from_url
+from django_jobq.storage.redis.cluster_storage import ClusterRedisStorage
 from django_jobq.storage.redis.connection import client_from_url
 from tests.contract.conftest import LONG_WAIT
 
@@ -129,11 +130,11 @@ def test_server_id_names_every_master(cstorage):
 
 
 def test_redis_url_accepts_a_cluster_and_builds_its_storage(redis_cluster):
-    from django_jobq import conf
+    from django_jobq import backend
 
     with override_settings(JOBQ={"REDIS_URL": redis_cluster.url}):
         assert check_settings() == []
-        storage = conf.build_storage()
+        storage = backend.build_storage()
         try:
             assert isinstance(storage, ClusterRedisStorage)
             storage.register_queue("url-q")
@@ -167,7 +168,7 @@ def test_an_unknown_url_option_is_refused(redis_cluster):
 def test_a_django_redis_cache_alias_on_the_cluster_is_shared_with_the_storage(redis_cluster):
     from django.core.cache import caches
 
-    from django_jobq import conf
+    from django_jobq import backend
 
     factory = "django_jobq.storage.redis.cluster_cache.ClusterConnectionFactory"
     cache_settings = {
@@ -181,7 +182,7 @@ def test_a_django_redis_cache_alias_on_the_cluster_is_shared_with_the_storage(re
     with override_settings(CACHES=cache_settings, JOBQ={"REDIS_CACHE_ALIAS": "jq"}):
         caches["jq"].set("cluster-cache-probe", 1, 30)
         assert caches["jq"].get("cluster-cache-probe") == 1
-        storage = conf.build_storage()
+        storage = backend.build_storage()
         assert isinstance(storage, ClusterRedisStorage)
         storage.register_queue("alias-q")
         try:

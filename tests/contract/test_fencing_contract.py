@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from django_jobq.job import AckOutcome, JobOptions, NewJob
-from django_jobq.journal import reconcile
 from django_jobq.queue import Queue
+from django_jobq.queue.journal import reconcile
 from django_jobq.states import JobState
 from django_jobq.storage.redis.storage import RedisStorage
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django_jobq import PermanentError, RateLimited, handler
 from django_jobq.broadcast import subscriber
-from django_jobq.celery_compat import celery_task
+from django_jobq.contrib.celery import celery_task
 from django_jobq.tasks import task
 
 

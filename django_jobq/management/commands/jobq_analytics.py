@@ -27,9 +27,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            from ...spark import get_spark, run_analytics
-            from ...spark.cli import parse_since
-            from ...spark.history import HistoryUnavailable
+            from ...contrib.spark import get_spark, run_analytics
+            from ...contrib.spark.cli import parse_since
+            from ...contrib.spark.history import HistoryUnavailable
         except ImportError as exc:
             raise CommandError(str(exc)) from None
         periods = tuple(p.strip() for p in options["periods"].split(",") if p.strip())

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...errors import JobQError
 from ...job import DeadLetter
-from ...queue import Queue
+from ...queue.core import Queue
 
 
 def _line(dead: DeadLetter) -> dict[str, Any]:

@@ -24,8 +24,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            from ...spark.cli import parse_since
-            from ...spark.export import export_history
+            from ...contrib.spark.cli import parse_since
+            from ...contrib.spark.export import export_history
         except ImportError as exc:
             raise CommandError(str(exc)) from None
         try:

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from ...logutil import configure
-from ...mirror import Mirror
-from ...mirror_check import check
+from ...mirror.check import check
+from ...mirror.core import Mirror
+from ...observability.logs import configure
 
 
 class Command(BaseCommand):

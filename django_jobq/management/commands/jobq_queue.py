@@ -8,7 +8,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from ...errors import JobQError
-from ...queue import Queue
+from ...queue.core import Queue
 
 
 class Command(BaseCommand):

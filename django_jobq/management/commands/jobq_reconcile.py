@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...conf import get_storage
+from ...backend import get_storage
 from ...errors import JobQError, StorageFull, StorageUnavailable
-from ...journal import reconcile
+from ...queue.journal import reconcile
 from ...validation import validate_queue_name
 
 

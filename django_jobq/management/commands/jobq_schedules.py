@@ -2,9 +2,9 @@ import datetime as dt
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...conf import get_storage
+from ...backend import get_storage
 from ...models import Schedule
-from ...schedules import describe, fire_now, first_run, next_tick, schedules_alias, zone
+from ...schedules.core import describe, fire_now, first_run, next_tick, schedules_alias, zone
 
 
 class Command(BaseCommand):
@@ -46,7 +46,7 @@ class Command(BaseCommand):
         using = options["database"] or schedules_alias(storage)
         if options["sync"]:
             from ...errors import ConfigurationError
-            from ...schedule_sync import sync
+            from ...schedules.sync import sync
 
             try:
                 report = sync(using=using)

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import stopsignals
-from ...logutil import configure
-from ...mirror import Mirror
+from ...mirror.core import Mirror
+from ...observability.logs import configure
+from ...worker import stopsignals
 
 
 class Command(BaseCommand):

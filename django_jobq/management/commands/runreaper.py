@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand
 
-from ... import stopsignals
-from ...logutil import configure
-from ...reaper import Reaper
+from ...observability.logs import configure
+from ...worker import stopsignals
+from ...worker.reaper import Reaper
 
 
 class Command(BaseCommand):

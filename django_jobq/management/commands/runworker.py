@@ -5,17 +5,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import stopsignals
+from ...broadcast.subscribers import SubscriberWorker
 from ...conf import jobq_settings
 from ...errors import JobQError
-from ...logutil import configure
-from ...pools import POOLS
-from ...registry import registry
-from ...subscribers import SubscriberWorker
-from ...worker import Worker
+from ...observability.logs import configure
+from ...tasks.registry import registry
+from ...worker import stopsignals
+from ...worker.core import Worker
+from ...worker.pools import POOLS
 
 if TYPE_CHECKING:
-    from ...celery_compat.bridge import KombuBridge
+    from ...contrib.celery.bridge import KombuBridge
 
 
 def _min_max(text: str) -> tuple[int, int]:
@@ -138,8 +138,8 @@ class Command(BaseCommand):
         children are forked (``prefork.py``), each serving as a single ``runworker`` would."""
         from django.db import connections
 
-        from ...conf import get_storage, reset_storage
-        from ...prefork import Prefork
+        from ...backend import get_storage, reset_storage
+        from ...worker.prefork import Prefork
 
         processes = options["processes"]
         if processes < 1:
@@ -220,7 +220,7 @@ class Command(BaseCommand):
         with stopsignals.relayed(on_signal):
             thread = None
             if bridge is not None:
-                from ...celery_compat.bridge import bridge_thread
+                from ...contrib.celery.bridge import bridge_thread
 
                 thread = bridge_thread(bridge)
             subs_thread = subs.start() if subs is not None else None
@@ -239,7 +239,7 @@ class Command(BaseCommand):
     def _subscribers(self, options) -> SubscriberWorker | None:
         """The broadcast subscribers to run: those named by --subscriber, else every one
         registered when no queue was named, else none."""
-        from ...broadcast import subscribers
+        from ...broadcast.core import subscribers
 
         try:
             if options["subscriber"]:
@@ -263,7 +263,7 @@ class Command(BaseCommand):
         """The ``--metrics-port`` endpoint of this process's worker, or None."""
         if options["metrics_port"] is None:
             return None
-        from ...metrics.server import serve
+        from ...observability.metrics.server import serve
 
         try:
             return serve(worker, options["metrics_port"], options["metrics_addr"])
@@ -292,6 +292,6 @@ class Command(BaseCommand):
             return None
         queues = options["celery_queue"] or conf["CONSUME_QUEUES"] or ["celery"]
         # kombu is imported only by workers that bridge: the others start without it.
-        from ...celery_compat.bridge import KombuBridge
+        from ...contrib.celery.bridge import KombuBridge
 
         return KombuBridge(url, queues, storage=worker.storage)

@@ -24,11 +24,9 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from ...envelope import task_name
 from ...job import DedupMode, EnqueueOutcome, NewJob, StoredEnqueue
-from ...registry import handler_name
+from ...serde import task_name
 from ...states import JobState
-from ..base import Clock
 from .failures import FailureCalls
 from .wakeups import CHANNEL
 
@@ -100,15 +98,8 @@ def _id_taken(exc: IntegrityError) -> bool:
 class BulkInsert(FailureCalls):
     """The chunk statement of ``enqueue_many`` on PostgreSQL and its fast path."""
 
-    def __init__(
-        self,
-        using: str = "default",
-        *,
-        clock: Clock | None = None,
-        poll_interval: float = 0.01,
-        prepare: bool | str | None = None,
-    ) -> None:
-        super().__init__(using, clock=clock, poll_interval=poll_interval, prepare=prepare)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         # Queues whose last bulk chunk met a taken id: their next chunk skips the fast path.
         self._bulk_careful: set[str] = set()
 
@@ -279,7 +270,7 @@ class BulkInsert(FailureCalls):
         by column: a loop per job appending to 15 lists cost more than the insert's parse)."""
         dues = [self._due(job, now) for job in jobs]
         opts = [job.options for job in jobs]
-        handler = handler_name(queue)  # ``job_handler_name``, its lookup once per chunk
+        handler = self.handler_names(queue)  # ``_handler_column``, its lookup once per chunk
         return [
             [job.job_id for job in jobs],
             ["scheduled" if due > now else "queued" for due in dues],

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -38,6 +38,18 @@ SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "table ", "near ")
 CONFIG_COLUMNS = (
     "paused, postponed_until, concurrency, rate_max, rate_window, group_rate_max, group_rate_window"
 )
+
+
+def prepare_problem(value: Any) -> str | None:
+    """What is wrong with a ``prepare`` (``DATABASE_PREPARE``) value (None: nothing). Not 1 or
+    0, which would read as psycopg's threshold: only "auto", True or False."""
+    if value == "auto" or isinstance(value, bool):
+        return None
+    return f"{value!r}: use 'auto', True or False"
+
+
+def _no_handler(queue: str) -> str:
+    return ""
 
 
 def _dt(ms: int) -> dt.datetime:
@@ -159,17 +171,20 @@ class DatabaseCore(Storage):
         *,
         clock: Clock | None = None,
         poll_interval: float = 0.01,
-        prepare: bool | str | None = None,
+        prepare: bool | str | None = "auto",
+        handler_names: Callable[[str], str] | None = None,
     ) -> None:
-        from ...conf import jobq_settings, prepare_problem
         from ...models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
         from ...models import FailureCall as FailureCallRow
 
-        if prepare is None:
-            prepare = jobq_settings()["DATABASE_PREPARE"]
+        prepare = "auto" if prepare is None else prepare  # None: the default
         if (problem := prepare_problem(prepare)) is not None:
             raise ConfigurationError(f"prepare {problem}")
         self.using = using
+        # What a plain job's ``handler`` column shows: the dotted path of its queue's handler
+        # (a task function's job shows its task's name, read from the job's envelope). Given by
+        # the caller (``backend.py``: the registry's), since storage knows no handlers.
+        self.handler_names = handler_names or _no_handler
         # PostgreSQL: whether the hot statements are prepared (``BulkInsert._pg_sql``).
         self.prepare: bool | str = prepare
         self.clock = clock

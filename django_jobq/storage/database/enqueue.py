@@ -13,7 +13,7 @@ from django.db.models import F
 
 from ...errors import StorageError
 from ...job import DedupMode, EnqueueOutcome, FinalOutcome, NewJob, RunAtUpdate, StoredEnqueue
-from ...registry import job_handler_name
+from ...serde import task_name
 from ...states import TERMINAL_STATES, JobState
 from .bulk import BulkInsert
 from .core import (
@@ -197,13 +197,19 @@ class Enqueue(BulkInsert):
             out.append(StoredEnqueue(EnqueueOutcome.QUEUED, job.job_id, new[1]))
         return out
 
+    def _handler_column(self, queue: str, job: NewJob) -> str:
+        """What the ``Job.handler`` column shows for one job: its task's name for a task
+        function's job (the admin, the API and the Spark analytics group and filter by job
+        type), else the queue's handler (``handler_names``)."""
+        return task_name(job.content_type, job.payload) or self.handler_names(queue)
+
     def _new_row(self, queue: str, job: NewJob, now: int) -> Any:
         o = job.options
         due = self._due(job, now)
         state = JobState.SCHEDULED if due > now else JobState.QUEUED
         return self.Job(
             queue=queue, job_id=job.job_id, state=state,
-            handler=job_handler_name(queue, job.content_type, job.payload),
+            handler=self._handler_column(queue, job),
             payload=job.payload, content_type=job.content_type, max_attempts=o.max_attempts,
             max_stalls=o.max_stalls, priority=o.priority, min_backoff=o.min_backoff,
             max_backoff=o.max_backoff, result_ttl=o.result_ttl,
@@ -238,7 +244,7 @@ class Enqueue(BulkInsert):
         )
         params = [
             queue, job.job_id + SUCCESSOR if successor else job.job_id,
-            job_handler_name(queue, job.content_type, job.payload),
+            self._handler_column(queue, job),
             state.value, job.payload, job.content_type, o.max_attempts,
             o.max_stalls, o.priority, o.min_backoff, o.max_backoff, o.result_ttl,
             None if run_at is None else self._param_dt(run_at),

@@ -388,7 +388,7 @@ class Operations(ClaimAck):
         ]
 
     def broadcasts(self) -> Any:
-        from ..broadcast_database import DatabaseBroadcasts  # its models load with the app
+        from .broadcast import DatabaseBroadcasts  # its models load with the app
 
         if getattr(self, "_broadcasts", None) is None:
             self._broadcasts = DatabaseBroadcasts(self.using, clock=self.clock)

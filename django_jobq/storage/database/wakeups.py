@@ -12,12 +12,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from django.db import connections, transaction
 
 from ...job import FinalOutcome
 from ...states import TERMINAL_STATES, JobState
-from ..base import Clock
 from .core import DatabaseCore, _bytes, _json_bytes, _ms, logger
 
 CHANNEL = "django_jobq"
@@ -29,15 +29,8 @@ WAITED_MEMO = 10_000  # remembered (queue, id) -> row of enqueues with a waiter 
 class Wakeups(DatabaseCore):
     """Signals sent by transitions and the waits that end on them."""
 
-    def __init__(
-        self,
-        using: str = "default",
-        *,
-        clock: Clock | None = None,
-        poll_interval: float = 0.01,
-        prepare: bool | str | None = None,
-    ) -> None:
-        super().__init__(using, clock=clock, poll_interval=poll_interval, prepare=prepare)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         # Wake-ups: every signal bumps a generation number. A waiter compares it with the value
         # it saw *before* reading the database, so a signal that lands between its read and its
         # wait is never lost (the classic missed wake-up of condition variables).
@@ -302,7 +295,7 @@ class _Watcher(threading.Thread):
     The thread calls the storage's ``_wake_local``; held strongly, that bound method kept a
     storage dropped without ``close()`` alive for as long as its own thread ran, i.e. until
     the process exited, with its connection (a PostgreSQL LISTEN session) open. A ``JOBQ``
-    setting change drops the process's storage that way (``conf.reset_storage``: anything
+    setting change drops the process's storage that way (``backend.reset_storage``: anything
     still holding the old storage may go on using it, so it is not closed), and so does any
     storage a program builds and lets go. Now the thread ends at its next look once the
     storage is collected (within 0.5 s on PostgreSQL, one poll interval on SQLite) and

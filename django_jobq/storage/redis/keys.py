@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ...sharding import SEPARATOR, parse_partition
+from ...validation import SEPARATOR, parse_partition
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from django.db import transaction
 from django_jobq import get_queue
-from django_jobq.flows import enqueue_flow, node
+from django_jobq.queue.flows import enqueue_flow, node
 
 from .models import Order
 

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_jobq import JobFailed, JobState
-from django_jobq.conf import get_storage
+from django_jobq.backend import get_storage
 from django_jobq.queue import Queue
 
 MANAGE = Path(settings.BASE_DIR) / "manage.py"

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobq import InvalidPayload, JobFailed, JobQError
-from django_jobq.conf import get_storage
+from django_jobq.backend import get_storage
 from django_jobq.tasks import chord, group
 
 from ...jobs import charge, invoice, price

@@ -1,0 +1,47 @@
+"""Django models of the app (one module per concept); every model is importable from here
+(``from django_jobq.models import Job``), as Django and the migrations expect.
+
+With the database backend the job rows *are* the state; with Redis they are a read-only mirror
+(``jobs.py``)."""
+
+from .analytics import ExportWatermark, QueueMetric
+from .api import ApiKey, IdempotencyRecord
+from .broadcasts import BroadcastDelivery, BroadcastGroup, BroadcastLog, BroadcastMessage
+from .jobs import (
+    ClaimLog,
+    DedupKey,
+    FailureCall,
+    Job,
+    JobEvent,
+    JobQuerySet,
+    QueueConfig,
+    WorkerInfo,
+)
+from .journal import JournalEntry
+from .mirror import MirrorReject
+from .rollup import JobMinute, RollupMark
+from .schedules import Schedule
+
+__all__ = [
+    "ApiKey",
+    "BroadcastDelivery",
+    "BroadcastGroup",
+    "BroadcastLog",
+    "BroadcastMessage",
+    "ClaimLog",
+    "DedupKey",
+    "ExportWatermark",
+    "FailureCall",
+    "IdempotencyRecord",
+    "Job",
+    "JobEvent",
+    "JobMinute",
+    "JobQuerySet",
+    "JournalEntry",
+    "MirrorReject",
+    "QueueConfig",
+    "QueueMetric",
+    "RollupMark",
+    "Schedule",
+    "WorkerInfo",
+]

@@ -1,0 +1,40 @@
+"""The default pool: handlers run on the worker's own handler threads."""
+
+from __future__ import annotations
+
+from ...job import ClaimedJob, Job
+from ...storage.base import Ack
+from ...tasks.registry import HandlerRegistry
+from ..execution import execute, execute_batch
+
+
+class ThreadRunner:
+    """Runs a handler on the calling handler thread. A soft timeout sets the job's flag (the
+    worker's watchdog does that); nothing can stop a thread from outside, hence no hard
+    timeout here (the worker refuses such handlers on this pool)."""
+
+    supports_hard_timeout = False
+
+    def __init__(self, handlers: HandlerRegistry) -> None:
+        self.handlers = handlers
+
+    def start(self, slots: int) -> None:
+        """Nothing to start: the worker's handler threads are the pool."""
+
+    def is_ready(self, slot: int) -> bool:
+        return True
+
+    def ready(self, slot: int) -> None:
+        """A thread is always ready for its next job."""
+
+    def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
+        return execute(claimed, self.handlers, job)
+
+    def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
+        return execute_batch(claimed, self.handlers, jobs)
+
+    def kill(self, key: tuple[str, str, int]) -> None:
+        """A thread cannot be killed: a forced cancel is cooperative here (the job's flag)."""
+
+    def stop(self) -> None:
+        """Handler threads are daemons; the worker has already released their jobs."""
