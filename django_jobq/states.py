@@ -1,4 +1,6 @@
-"""The job state machine, defined once for every backend, the models and the docs."""
+"""The job state machine, defined once for every backend, the models and the docs: the states,
+the transitions every backend may make, and the constants and error texts the three
+implementations of those transitions share (memory, the database, the Lua scripts)."""
 
 from django.db.models import TextChoices
 
@@ -27,8 +29,8 @@ WAITING_STATES = frozenset(
     {JobState.SCHEDULED, JobState.QUEUED, JobState.RETRYING, JobState.BLOCKED}
 )
 
-# Allowed transitions: (from, to). Every backend implements exactly these; the contract suite
-# checks that a job only ever moves along one of them.
+# Allowed transitions: (from, to). Every backend implements exactly these; the model test
+# (tests/model/) checks that every transition it sees a backend make is one of them.
 TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
     {
         (JobState.SCHEDULED, JobState.QUEUED),  # due (promote), or due time moved to now
@@ -44,6 +46,7 @@ TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
         # The handler postponed itself (rate limited); or, like ACTIVE -> QUEUED, a singleton
         # successor took over the id of a run that finished, due later.
         (JobState.ACTIVE, JobState.SCHEDULED),
+        (JobState.ACTIVE, JobState.CANCELLED),  # a running job's cancel, ended by its worker
         (JobState.RETRYING, JobState.QUEUED),  # backoff due (promote), or moved to now
         (JobState.RETRYING, JobState.RETRYING),  # due time moved (change, update)
         (JobState.RETRYING, JobState.CANCELLED),
@@ -51,9 +54,37 @@ TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
         (JobState.BLOCKED, JobState.QUEUED),
         (JobState.BLOCKED, JobState.SCHEDULED),
         (JobState.BLOCKED, JobState.CANCELLED),
+        # An operator's retry: from attempt 1, in the job's old place in line.
+        (JobState.FAILED, JobState.QUEUED),
+        (JobState.CANCELLED, JobState.QUEUED),
     }
 )
 
 
 def can_transition(src: JobState | str, dst: JobState | str) -> bool:
     return (JobState(src), JobState(dst)) in TRANSITIONS
+
+
+# -- what the three implementations share -------------------------------------------------------
+# One value each. The memory and database backends read them here; the Lua scripts get them as
+# arguments or from the include ``--@include spec``, which the script loader generates from
+# ``LUA_SPEC`` (storage/redis/scripts.py): no script spells one out itself.
+
+#: With group rate limits, a claim looks at no more than this many queued candidates beyond its
+#: count: candidates of groups that spent their budget move to scheduled, so a later claim
+#: (woken by this one) looks further.
+GROUP_SCAN = 100
+#: Due scheduled and retrying jobs one claim or reap promotes to queued.
+PROMOTE_LIMIT = 1000
+#: The error record of a job whose lease expired more than ``max_stalls`` times.
+STALLED_ERROR = b'{"type":"Stalled","message":"lease expired more than max_stalls times"}'
+#: The error record of a broadcast delivery whose lease lapsed more often than it may.
+DELIVERY_STALLED_ERROR = b'{"type":"Stalled","message":"lease lapsed too often"}'
+
+#: The names the include ``spec`` defines as Lua locals.
+LUA_SPEC = {
+    "GROUP_SCAN": GROUP_SCAN,
+    "PROMOTE_LIMIT": PROMOTE_LIMIT,
+    "STALLED_ERROR": STALLED_ERROR.decode(),
+    "DELIVERY_STALLED_ERROR": DELIVERY_STALLED_ERROR.decode(),
+}

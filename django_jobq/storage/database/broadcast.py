@@ -20,6 +20,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count
 
 from ...job import AckOutcome
+from ...states import DELIVERY_STALLED_ERROR
 from ..broadcast_base import (
     BroadcastStore,
     DeadMessage,
@@ -36,7 +37,6 @@ from ..broadcast_base import (
 )
 
 logger = logging.getLogger("django_jobq.broadcast")
-STALLED = b'{"type":"Stalled","message":"lease lapsed too often"}'
 # Idle subscribers wake on a publish: PostgreSQL by LISTEN/NOTIFY on this channel (sent inside
 # the publish transaction, so delivered at commit); SQLite has no such signal between processes,
 # so a waiter there re-reads the broadcasts' counters every POLL seconds (a publish in the same
@@ -360,7 +360,7 @@ class DatabaseBroadcasts(BroadcastStore):
                 for d in lapsed[: count - len(taken)]:
                     d.stalls += 1
                     if d.stalls > max_stalls:
-                        self._bury(d, now, STALLED)
+                        self._bury(d, now, DELIVERY_STALLED_ERROR)
                     else:
                         taken.append(d)
             if len(taken) < count:

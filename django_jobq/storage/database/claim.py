@@ -4,6 +4,7 @@ claim applies it, and the reaper that hands back jobs whose lease expired."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -14,14 +15,12 @@ from django.db import connections, transaction
 from django.db.models import F, OuterRef, Q, Subquery
 
 from ...job import LOG_LINES, AckOutcome, ClaimedJob
-from ...states import JobState
+from ...states import GROUP_SCAN, PROMOTE_LIMIT, STALLED_ERROR, JobState
 from ..base import Ack, ClaimBatch, ReapReport, token_base
 from .core import (
     CONFIG_COLUMNS,
-    GROUP_SCAN,
     ORDER,
     RETURNING,
-    STALLED_ERROR,
     _chunks,
     _dt,
     _raw_ms,
@@ -32,6 +31,7 @@ from .enqueue import Enqueue
 from .wakeups import CHANNEL
 
 ACK_CHUNK = 1000  # completions per statement
+_STALLED = json.loads(STALLED_ERROR)  # a JSON column holds the record
 # Results up to this many bytes ride in their completion's NOTIFY (base64: ~5.5 kB, with the
 # names well under the 8,000-byte payload limit); larger ones are read by their waiters.
 CARRIED_RESULT = 4096
@@ -151,7 +151,7 @@ class ClaimAck(Enqueue):
                     return held
                 return self._claim_limited(queue, worker_id, count, lease_ms, flow, now)
             if due:  # the gate saw due jobs: promote them, then the next due time moved
-                self._promote_due(queue, now, 1000)
+                self._promote_due(queue, now, PROMOTE_LIMIT)
                 next_due_in = self._next_due_in(queue, now)
             rows = self._activate(queue, worker_id, now, lease_ms, limit=count)
             jobs = self._claimed(queue, rows, worker_id, now)
@@ -360,7 +360,7 @@ class ClaimAck(Enqueue):
         self, queue: str, worker_id: str, count: int, lease_ms: int, flow: _Flow, now: int
     ) -> ClaimBatch:
         """A claim under ``QueueLimits`` (the caller holds the queue's config row lock)."""
-        self._promote_due(queue, now, 1000)
+        self._promote_due(queue, now, PROMOTE_LIMIT)
         allowed = count
         if flow.concurrency is not None:
             active = self._sql(
@@ -817,7 +817,7 @@ class ClaimAck(Enqueue):
                 if row["stalls"] + 1 > row["max_stalls"]:
                     fields = self._finish_fields(row, JobState.FAILED, now)
                     self._jobs().filter(pk=row["id"]).update(
-                        stalls=F("stalls") + 1, error=STALLED_ERROR, **fields
+                        stalls=F("stalls") + 1, error=_STALLED, **fields
                     )
                     self._finished(row, queue, row["job_id"], "failed", now)
                     report.failed.append(row["job_id"])

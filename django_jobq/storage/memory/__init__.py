@@ -40,15 +40,19 @@ from ...job import (
     StoredEnqueue,
     final_outcome,
 )
-from ...states import TERMINAL_STATES, JobState
+from ...states import (
+    GROUP_SCAN,
+    PROMOTE_LIMIT,
+    STALLED_ERROR,
+    TERMINAL_STATES,
+    JobState,
+)
 from ..base import ClaimBatch, Clock, ReapReport, Storage, WorkerRecord, token_base
 from .broadcast import MemoryBroadcasts
 
 # Jobs a claim may look at (and, for groups over budget, move to scheduled) before it gives up,
 # so that one claim's time stays bounded however many jobs wait behind a busy group.
-CLAIM_SCAN_LIMIT = 1000
 WAITING = (JobState.SCHEDULED, JobState.QUEUED, JobState.RETRYING)
-STALLED_ERROR = b'{"type":"Stalled","message":"lease expired too many times"}'
 
 
 @dataclass(slots=True)
@@ -444,7 +448,7 @@ class MemoryStorage(Storage):
         with self._cond:
             now = self._now()
             q = self._peek(queue)
-            self._promote_due(queue, q, now, 1000)
+            self._promote_due(queue, q, now, PROMOTE_LIMIT)
             batch = ClaimBatch()
             if q.paused:
                 return batch
@@ -466,7 +470,7 @@ class MemoryStorage(Storage):
                 budget = min(budget, lim.rate_max - len(q.claims))  # type: ignore[operator]
             group_max, group_window = lim.group_rate_max, lim.group_rate_window
             looked = 0
-            while q.queued and len(batch.jobs) < budget and looked < CLAIM_SCAN_LIMIT:
+            while q.queued and len(batch.jobs) < budget and looked < budget + GROUP_SCAN:
                 *_, version, job_id = heapq.heappop(q.queued)
                 rec = q.jobs.get(job_id)
                 if rec is None or rec.version != version or rec.state is not JobState.QUEUED:

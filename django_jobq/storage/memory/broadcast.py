@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...job import AckOutcome
+from ...states import DELIVERY_STALLED_ERROR
 from ..broadcast_base import (
     BroadcastStore,
     DeadMessage,
@@ -176,7 +177,7 @@ class MemoryBroadcasts(BroadcastStore):
                     d.stalls += 1
                     if d.stalls > max_stalls:
                         d.state, d.failed_at = "dead", now
-                        d.error = b'{"type":"Stalled","message":"lease lapsed too often"}'
+                        d.error = DELIVERY_STALLED_ERROR
                         continue
                     taken.append(d)
             for seq, message in log.messages.items():

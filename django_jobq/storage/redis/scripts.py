@@ -5,7 +5,9 @@ A call costs one round trip while the script is cached: nothing asks Redis wheth
 call did not run, so the scripts are loaded and it is sent again.
 
 A script may pull shared helpers with a line ``--@include name``; the loader inlines
-``includes/name.lua`` there, so every script Redis sees is self-contained.
+``includes/name.lua`` there, so every script Redis sees is self-contained. ``--@include spec``
+is generated: the constants and error texts the three backends share (``states.LUA_SPEC``),
+as Lua locals, so no script spells out its own copy.
 """
 
 from __future__ import annotations
@@ -21,15 +23,27 @@ from typing import Any
 
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
+from ...states import LUA_SPEC
 from .node import pooled_connection
 
 LUA_DIR = Path(__file__).parent / "lua"
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
 
 
+def spec_include() -> str:
+    """``states.LUA_SPEC`` as Lua: a number as it is, a text as a long string (no escapes)."""
+    return "".join(
+        f"local {name} = {value}\n" if isinstance(value, int) else f"local {name} = [=[{value}]=]\n"
+        for name, value in LUA_SPEC.items()
+    )
+
+
+def _include(name: str) -> str:
+    return spec_include() if name == "spec" else (LUA_DIR / "includes" / f"{name}.lua").read_text()
+
+
 def _read(name: str) -> str:
-    source = (LUA_DIR / f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: (LUA_DIR / "includes" / f"{m[1]}.lua").read_text(), source)
+    return _INCLUDE.sub(lambda m: _include(m[1]), (LUA_DIR / f"{name}.lua").read_text())
 
 
 NAMES = (

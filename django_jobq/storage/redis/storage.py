@@ -30,7 +30,7 @@ from ...job import (
     StoredEnqueue,
     final_outcome,
 )
-from ...states import TERMINAL_STATES, JobState
+from ...states import GROUP_SCAN, PROMOTE_LIMIT, TERMINAL_STATES, JobState
 from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
 from . import aio, roundtrip
 from .codec import (
@@ -79,9 +79,6 @@ COMBINE_MAX = 100
 # Calls per queue on the wire at once before further callers are combined. Measured with
 # bench.core's producer threads: combining below 3 threads is slower than overlapping calls.
 COMBINE_AFTER = 2
-# With group rate limits, queued candidates a claim looks at beyond its count: candidates whose
-# group spent its budget move to scheduled, so a later claim (woken by this one) looks further.
-GROUP_SCAN = 100
 DRAIN_CHUNK = 1000  # jobs cancelled per drain script call (one call blocks Redis that long)
 RECORDS_CHUNK = 500  # records per script call of get_records (one call blocks Redis that long)
 SCAN_CHUNK = 1000  # keys per SCAN step and per clean / obliterate call
@@ -422,8 +419,8 @@ class RedisStorage(Storage):
         return (
             [k.job_prefix, k.queued, k.scheduled, k.active, k.wake, k.events, k.stats, k.config,
              k.rate, k.group_rate_prefix, k.capped],
-            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, 1000, GROUP_SCAN,
-             roundtrip.token_nonce()],
+            [self._now_arg(), self.events_maxlen, worker_id, count, lease_ms, PROMOTE_LIMIT,
+             GROUP_SCAN, roundtrip.token_nonce()],
         )  # fmt: skip
 
     @staticmethod

@@ -21,6 +21,7 @@ payload, content type.
 ]]
 --@include common
 --@include bcast
+--@include spec
 
 local log, groups, missed, prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = now_ms(ARGV[1])
@@ -67,8 +68,7 @@ if got < count then
     local stalls = redis.call('HINCRBY', gkey(prefix, group, 'stall'), pos, 1)
     local entry = take(pos, stalls > max_stalls and '~dead' or consumer)
     if entry and stalls > max_stalls then
-      bury(log, prefix, group, pos, entry, now,
-        '{"type":"Stalled","message":"lease lapsed too often"}')
+      bury(log, prefix, group, pos, entry, now, DELIVERY_STALLED_ERROR)
     elseif entry then
       deliver(pos, entry)
     end

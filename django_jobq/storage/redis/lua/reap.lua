@@ -26,13 +26,13 @@ record expired are dropped here.
 --@include common
 --@include sched
 --@include retain
+--@include spec
 
 local done_prefix, active_key, stats_key, capped_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_prefix, queued_key, scheduled_key = KEYS[5], KEYS[9], KEYS[10]
 local wake_key, events_key = KEYS[11], KEYS[12]
 local now = now_ms(ARGV[1])
 local maxlen, limit = ARGV[2], tonumber(ARGV[3])
-local stalled_error = '{"type":"Stalled","message":"lease expired more than max_stalls times"}'
 
 local r = nil  -- the retention policy, read at the first job that fails here
 local requeued, failed = {}, {}
@@ -45,8 +45,8 @@ for _, id in ipairs(expired) do
   if f[1] == 'active' then
     local stalls = redis.call('HINCRBY', job_key, 'stalls', 1)
     if stalls > tonumber(f[3]) then
-      redis.call('HSET', job_key, 'error', stalled_error)
-      finish(job_key, done_prefix .. id, stats_key, 'failed', stalled_error, now)
+      redis.call('HSET', job_key, 'error', STALLED_ERROR)
+      finish(job_key, done_prefix .. id, stats_key, 'failed', STALLED_ERROR, now)
       emit(events_key, maxlen, id, 'failed', now)
       record_failure(job_key, KEYS[14], KEYS[15], KEYS[16], id, now)
       if f[7] or f[8] then
