@@ -101,10 +101,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-# Module paths of earlier releases that users write (``TASKS``'s ``BACKEND``, ``LOGGING``'s
-# formatter, ``include()`` of the metrics URLs, imports shown in the docs), and where they live
-# now. An old path (or a module under it) is the new module itself, not a copy: one module
-# object under two names, so state and ``isinstance`` agree whichever name imported it.
+# Module paths the docs gave before the package was restructured, which users write
+# (``TASKS``'s ``BACKEND``, ``LOGGING``'s formatter, ``include()`` of the metrics URLs, imports
+# shown in the docs), and where they live now. An old path (or a module under it) is the new
+# module itself, not a copy: one module object under two names, so state and ``isinstance``
+# agree whichever name imported it.
 MOVED = {
     "django_jobq.celery_compat": "django_jobq.contrib.celery",
     "django_jobq.flows": "django_jobq.queue.flows",

@@ -21,7 +21,6 @@ from django.utils.module_loading import import_string
 
 from . import conf
 from .errors import ConfigurationError
-from .tasks.registry import handler_name
 
 BACKENDS = ("redis", "database", "memory")
 DATABASE_ENGINES = ("sqlite3", "postgresql")
@@ -79,6 +78,7 @@ def build_storage() -> Any:
     backend = jobq["BACKEND"]
     if backend == "database":
         from .storage.database import DatabaseStorage
+        from .tasks.registry import handler_name
 
         return DatabaseStorage(
             jobq["DATABASE_ALIAS"], prepare=jobq["DATABASE_PREPARE"], handler_names=handler_name

@@ -422,9 +422,9 @@ def _check_celery(celery: dict[str, Any]) -> list[str]:
     return problems
 
 
-# Names that moved to ``backend.py`` (``from django_jobq.conf import get_storage`` is in the
-# docs of earlier releases): looked up there only when asked for, so this module still
-# imports nothing above it.
+# Names that moved to ``backend.py`` (the docs showed ``from django_jobq.conf import
+# get_storage`` before the package was restructured): looked up there only when asked for, so
+# this module still imports nothing above it.
 _MOVED = ("build_storage", "check_settings", "get_storage", "reset_storage", "set_test_storage")
 
 

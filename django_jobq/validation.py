@@ -134,10 +134,6 @@ def parse_partition(name: str) -> tuple[str, int, int] | None:
     return logical, index, count
 
 
-def is_partition(name: str) -> bool:
-    return SEPARATOR in name and parse_partition(name) is not None
-
-
 def logical_name(name: str) -> str:
     """The logical queue a physical queue belongs to (itself when it is not a partition)."""
     if SEPARATOR not in name:  # the common case: one membership test

@@ -205,7 +205,7 @@ def test_the_top_of_the_package_reads_at_a_glance():
 
 # -- paths users write -------------------------------------------------------------------------
 
-#: Module paths of earlier releases (and the docs of this one before the move), with the module
+#: Module paths the docs gave before the package was restructured, with the module
 #: now behind each: the same module object, not a copy.
 OLD_MODULES = {
     "django_jobq.celery_compat": "django_jobq.contrib.celery",
@@ -220,7 +220,7 @@ OLD_MODULES = {
     "django_jobq.tracing": "django_jobq.observability.tracing",
 }
 
-#: ``from <module> import <name>`` as the docs of earlier releases show it, and where it is.
+#: ``from <module> import <name>`` as the docs showed it before the move, and where it is.
 OLD_NAMES = {
     ("django_jobq.conf", "get_storage"): "django_jobq.backend",
     ("django_jobq.queue", "Queue"): "django_jobq.queue.core",
@@ -259,7 +259,7 @@ def test_an_old_import_gives_the_object_that_moved(where, new):
 
 def test_the_old_tasks_backend_path_builds_the_backend():
     """``TASKS = {"default": {"BACKEND": "django_jobq.tasks_backend.JobQBackend"}}`` as the
-    docs of earlier releases wrote it: Django's handler builds our backend from it."""
+    docs wrote it before the move: Django's handler builds our backend from it."""
     from django.tasks import task_backends
     from django.test import override_settings
 

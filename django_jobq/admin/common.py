@@ -176,10 +176,6 @@ def duration(ms: float | None) -> str:
     return " ".join(shown) or "0s"
 
 
-def can(request: HttpRequest, perm: str) -> bool:
-    return bool(request.user.has_perm(perm))
-
-
 #: How often the overview and the workers page poll their rows (seconds) unless the
 #: page's ``?refresh=N`` asks for one of the offered periods.
 LIVE_EVERY = 5

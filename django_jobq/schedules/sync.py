@@ -46,7 +46,6 @@ from .core import schedules_alias, validate_schedule
 logger = logging.getLogger("django_jobq.schedules")
 
 SETTINGS = "settings"
-ADMIN = "admin"
 DECLARATION_KEYS = frozenset(
     {"queue", "task", "cron", "interval", "timezone", "payload", "args", "kwargs", "options",
      "missed", "enabled"}

@@ -133,10 +133,6 @@ class DeliveryState:
     error: bytes | None = None
 
 
-#: Consumer names reserved by the backends (Redis keeps retrying and dead entries under them).
-RESERVED_CONSUMERS = ("~retry", "~dead")
-
-
 class BroadcastStore(abc.ABC):
     """Storage of broadcasts for one backend; obtained with ``Storage.broadcasts()``."""
 

@@ -20,11 +20,6 @@ DEFAULT_MASTER = "local[*]"
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 
 
-def resolve_master(master: str | None = None) -> str:
-    """``master``, else ``$SPARK_MASTER``, else embedded ``local[*]``."""
-    return master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
-
-
 def jdbc_jar() -> str | None:
     """The PostgreSQL JDBC driver jar (``$JOBQ_JDBC_JAR`` or Debian's), if it exists."""
     path = os.environ.get("JOBQ_JDBC_JAR", DEFAULT_JDBC_JAR)
