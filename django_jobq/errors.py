@@ -143,6 +143,16 @@ class JobCancelled(Exception):  # noqa: N818 - names what happened to the attemp
 class QueueBusy(JobQError):
     """``obliterate`` of a queue that still has active jobs (pass ``force=True`` to go on)."""
 
+    def __init__(self, queue: str) -> None:  # one text, whichever backend refused
+        super().__init__(f"queue {queue!r} has active jobs; pass force=True to obliterate it")
+
+
+class UnknownGroup(JobQError, LookupError):
+    """A broadcast asked about a subscriber group it does not have."""
+
+    def __init__(self, broadcast: str, group: str) -> None:
+        super().__init__(f"broadcast {broadcast!r} has no group {group!r}")
+
 
 class RateLimited(Exception):  # noqa: N818 - a signal from a handler, named for what it says
     """Raised by a handler: "the service I call is rate limited, run me again in ``retry_in``

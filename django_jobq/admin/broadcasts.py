@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from ..broadcast.core import Broadcast, broadcast_names
-from ..errors import ValidationError
+from ..errors import UnknownGroup, ValidationError
 from ..job import ms_to_datetime
 
 DEAD_SHOWN = 100
@@ -72,7 +72,7 @@ class BroadcastAdmin(admin.ModelAdmin):
         except ValidationError as exc:
             raise Http404(str(exc)) from exc
         if group not in {s.group for s in bc.status()}:
-            raise Http404(f"broadcast {name!r} has no group {group!r}")
+            raise Http404(str(UnknownGroup(name, group)))
         return bc
 
     def group_view(self, request: HttpRequest, name: str, group: str) -> HttpResponse:

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from .. import permissions as ops
 from ..broadcast.core import Broadcast, broadcast_names
+from ..errors import UnknownGroup
 from ..storage.broadcast_base import PublishOutcome
 from .base import JobQView
 from .jobs import ERRORS
@@ -117,7 +118,7 @@ class GroupStatusView(BroadcastView):
         for g in describe(broadcast)["groups"]:
             if g["group"] == group:
                 return Response(g)
-        raise NotFound(f"broadcast {broadcast!r} has no group {group!r}")
+        raise NotFound(str(UnknownGroup(broadcast, group)))
 
 
 class PublishView(BroadcastView):
@@ -191,7 +192,7 @@ def _group_of(broadcast: str, group: str) -> tuple[Broadcast, int]:
     for status_ in bc.status():
         if status_.group == group:
             return bc, status_.dead
-    raise NotFound(f"broadcast {broadcast!r} has no group {group!r}")
+    raise NotFound(str(UnknownGroup(broadcast, group)))
 
 
 def _decoded(bc: Broadcast, payload: bytes, content_type: str) -> Any:

@@ -3,6 +3,7 @@
 
 With the database backend the job rows *are* the state; with Redis they are a read-only mirror
 (``jobs.py``)."""
+# ruff: noqa: F401 - the re-exports are the point of this module
 
 from .analytics import ExportWatermark, QueueMetric
 from .api import ApiKey, IdempotencyRecord
@@ -21,27 +22,3 @@ from .journal import JournalEntry
 from .mirror import MirrorReject
 from .rollup import JobMinute, RollupMark
 from .schedules import Schedule
-
-__all__ = [
-    "ApiKey",
-    "BroadcastDelivery",
-    "BroadcastGroup",
-    "BroadcastLog",
-    "BroadcastMessage",
-    "ClaimLog",
-    "DedupKey",
-    "ExportWatermark",
-    "FailureCall",
-    "IdempotencyRecord",
-    "Job",
-    "JobEvent",
-    "JobMinute",
-    "JobQuerySet",
-    "JournalEntry",
-    "MirrorReject",
-    "QueueConfig",
-    "QueueMetric",
-    "RollupMark",
-    "Schedule",
-    "WorkerInfo",
-]

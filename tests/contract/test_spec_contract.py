@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
+from django_jobq.errors import QueueBusy
 from django_jobq.job import JobOptions, NewJob, QueueLimits
 from django_jobq.states import (
     DELIVERY_STALLED_ERROR,
@@ -84,3 +87,17 @@ def test_the_generated_include_defines_every_shared_value():
         assert defined[name] == literal
     assert STALLED_ERROR.decode() in SOURCES["reap"]
     assert DELIVERY_STALLED_ERROR.decode() in spec_include()
+
+
+def test_every_backend_refuses_with_the_same_words(storage):
+    """Refusals a user reads: obliterating a queue with running jobs, asking a broadcast about
+    a group it does not have (each backend wrote its own text)."""
+    storage.enqueue(Q, job("busy"))
+    storage.claim(Q, "w1", 1, LEASE)
+    with pytest.raises(QueueBusy) as busy:
+        storage.obliterate(Q)
+    assert str(busy.value) == f"queue {Q!r} has active jobs; pass force=True to obliterate it"
+    store = storage.broadcasts()
+    with pytest.raises(LookupError) as unknown:
+        store.claim("spec-bc", "nobody", "c1", 1, LEASE, 3)
+    assert str(unknown.value) == "broadcast 'spec-bc' has no group 'nobody'"

@@ -19,6 +19,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Count
 
+from ...errors import UnknownGroup
 from ...job import AckOutcome
 from ...states import DELIVERY_STALLED_ERROR
 from ..broadcast_base import (
@@ -118,7 +119,7 @@ class DatabaseBroadcasts(BroadcastStore):
             (rows.select_for_update() if lock else rows).filter(broadcast=name, group=group).first()
         )
         if row is None:
-            raise LookupError(f"broadcast {name!r} has no group {group!r}")
+            raise UnknownGroup(name, group)
         return row
 
     # -- producer ---------------------------------------------------------------------------

@@ -326,7 +326,7 @@ class Operations(ClaimAck):
             if self.vendor == "postgresql":  # no claim may start while the queue goes
                 self._configs().select_for_update().filter(name=queue).first()
             if not force and self._jobs().filter(queue=queue, state=JobState.ACTIVE).exists():
-                raise QueueBusy(f"queue {queue} has active jobs (force=True deletes them too)")
+                raise QueueBusy(queue)
             for model in (self.DedupKey, self.ClaimLog, self.FailureCallRow):
                 self._sql(
                     f"DELETE FROM {self._quoted(model)} WHERE queue = %s", [queue], fetch=False

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ...errors import UnknownGroup
 from ...job import AckOutcome
 from ...states import DELIVERY_STALLED_ERROR
 from ..broadcast_base import (
@@ -90,7 +91,7 @@ class MemoryBroadcasts(BroadcastStore):
     def _group(self, name: str, group: str) -> _Group:
         found = self._log(name).groups.get(group)
         if found is None:
-            raise LookupError(f"broadcast {name!r} has no group {group!r}")
+            raise UnknownGroup(name, group)
         return found
 
     # -- producer ---------------------------------------------------------------------------

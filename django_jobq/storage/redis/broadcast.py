@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from ...errors import UnknownGroup
 from ...job import AckOutcome
 from ..broadcast_base import (
     BroadcastStore,
@@ -157,7 +158,7 @@ class RedisBroadcasts(BroadcastStore):
             [self._now_arg(), group, consumer, count, lease_ms, max_stalls],
         )
         if flat == -1:
-            raise LookupError(f"broadcast {name!r} has no group {group!r}")
+            raise UnknownGroup(name, group)
         out = []
         for i in range(0, len(flat), 6):
             pos = _s(flat[i])

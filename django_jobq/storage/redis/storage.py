@@ -1077,7 +1077,7 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         args = ["obliterate", 1 if force else 0]
         if self.scripts.call("control", [k.config, k.wake, k.active], args) == -1:
-            raise QueueBusy(f"queue {queue!r} has active jobs; pass force=True to obliterate it")
+            raise QueueBusy(queue)
         job_prefix = k.job_prefix.encode()
         config = k.config.encode()
         removed = 0

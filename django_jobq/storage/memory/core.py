@@ -1,0 +1,243 @@
+"""The base of the in-memory backend: the records and queues, the one lock, the clock, ``_step``
+and the helpers shared by the transitions (which live in the modules layered on it)."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import inspect
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, overload
+
+from ...job import DedupMode, Event, FailureCall, JobOptions, QueueLimits, Retention
+from ...states import JobState
+from ..base import Clock, Storage, WorkerRecord
+from .broadcast import MemoryBroadcasts
+
+# Waiting to run: the states an update, a debounce, a change or a drain still moves.
+WAITING = (JobState.SCHEDULED, JobState.QUEUED, JobState.RETRYING)
+
+
+@dataclass(slots=True)
+class _Rec:
+    job_id: str
+    payload: bytes
+    options: JobOptions
+    content_type: str
+    created_at: int
+    # Place among queued jobs of one priority, fixed at enqueue: LIFO jobs (tier 0, newest
+    # first) before FIFO jobs (tier 1, oldest first).
+    order: tuple[int, int]
+    lifo: bool = False
+    group: str | None = None
+    dedup_key: str | None = None
+    state: JobState = JobState.QUEUED
+    attempts: int = 0
+    stalls: int = 0
+    token: int = 0
+    run_at: int | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+    deadline: int = 0
+    worker: str | None = None
+    result: bytes | None = None
+    error: bytes | None = None
+    expires_at: int | None = None
+    version: int = 0  # set on each re-index; stale heap entries carry an older one
+    successor: _Rec | None = None  # blocked singleton run of this id (its run_at: due time)
+    progress: bytes | None = None
+    logs: list[tuple[int, str]] = field(default_factory=list)
+    cancel: str = ""  # "" | "stop" | "force": an operator asked the running attempt to stop
+
+
+@dataclass(slots=True)
+class _Key:
+    """A dedup key and the record holding it; the key is free once that record is gone."""
+
+    rec: _Rec
+    mode: DedupMode
+    until: int | None  # held while now < until (None: until the holder finishes)
+
+
+@dataclass(slots=True)
+class _Queue:
+    jobs: dict[str, _Rec] = field(default_factory=dict)
+    # (priority, tier, order, version, id)
+    queued: list[tuple[int, int, int, int, str]] = field(default_factory=list)
+    scheduled: list[tuple[int, int, str]] = field(default_factory=list)  # (run_at, version, id)
+    active: dict[str, _Rec] = field(default_factory=dict)
+    events: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    seq: itertools.count = field(default_factory=lambda: itertools.count(1))
+    finished: dict[str, int] = field(default_factory=lambda: {"completed": 0, "failed": 0})
+    keys: dict[str, _Key] = field(default_factory=dict)
+    paused: bool = False
+    hold_until: int = 0  # queue-wide postponement: no claims before this time
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    claims: deque = field(default_factory=deque)  # claim times within the rate window
+    group_claims: dict[str, deque] = field(default_factory=dict)
+    failure_hook: bool = False  # permanent failures record a failure call
+    failure_calls: dict[str, FailureCall] = field(default_factory=dict)  # call id -> call
+    retention: Retention = field(default_factory=Retention)
+    # Per final state with a retention policy: id -> the finished record, oldest finish first
+    # (the index Redis keeps in a ZSET). An entry whose id now holds another record is stale.
+    kept: dict[str, dict[str, _Rec]] = field(default_factory=dict)
+
+
+type _OnQueue[S, **P, R] = Callable[Concatenate[S, _Queue, int, P], R]
+type _OnJob[S, **P, R] = Callable[Concatenate[S, _Queue, _Rec, int, P], R]
+
+
+@overload
+def _step[S, **P, R]() -> Callable[[_OnQueue[S, P, R]], Callable[Concatenate[S, P], R]]: ...
+@overload
+def _step[S, **P, R, M](
+    missing: M, *, lease: bool = False
+) -> Callable[[_OnJob[S, P, R]], Callable[Concatenate[S, P], R | M]]: ...
+def _step(missing: Any = ..., *, lease: bool = False) -> Any:
+    """Each call being one atomic step is the rule this backend stands on, and most transitions
+    opened with the same lines to keep it: take the lock, read the clock, find the queue (first
+    argument) and, given ``missing``, the job (second; with ``lease``, the run the third one's
+    token holds), else answer ``missing``. The method gets what was found before its ``/``; the
+    rest is its public signature (to mypy, callers and ``inspect``) as ``Storage`` declares it."""
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        def on_queue(self: MemoryCore, queue: str, *args: Any, **kwargs: Any) -> Any:
+            with self._cond:
+                return method(self, self._peek(queue), self._now(), queue, *args, **kwargs)
+
+        def on_job(self: MemoryCore, queue: str, job_id: str, *args: Any, **kwargs: Any) -> Any:
+            with self._cond:
+                now, q = self._now(), self._peek(queue)
+                if (rec := self._live(q, job_id, now)) is None:
+                    return missing
+                return method(self, q, rec, now, queue, job_id, *args, **kwargs)
+
+        def on_lease(self: MemoryCore, queue: str, job_id: str, token: int,
+                     *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+            with self._cond:
+                now, q = self._now(), self._peek(queue)
+                if (rec := self._owned(q, job_id, token)) is None:
+                    return missing
+                return method(self, q, rec, now, queue, job_id, token, *args, **kwargs)
+
+        run: Any = on_queue if missing is ... else on_lease if lease else on_job
+        functools.update_wrapper(run, method)
+        sig = inspect.signature(method)
+        this, *rest = sig.parameters.values()
+        public = [p for p in rest if p.kind is not p.POSITIONAL_ONLY]
+        run.__signature__ = sig.replace(parameters=[this.replace(kind=public[0].kind), *public])
+        return run
+
+    return wrap
+
+
+class MemoryCore(Storage):
+    def __init__(self, clock: Clock | None = None, events_maxlen: int = 10_000) -> None:
+        self.clock = clock
+        self._events_maxlen = events_maxlen
+        self._cond = threading.Condition()
+        self._queues: dict[str, _Queue] = {}
+        self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
+        self._event_seq = itertools.count(1)
+        self._versions = itertools.count(1)
+        self._last_token = 0  # the last fencing token handed out (see _lease)
+        self._interrupted: dict[str, bool] = {}
+        self._broadcasts: MemoryBroadcasts | None = None
+
+    def _now(self) -> int:
+        return self.clock() if self.clock else int(time.time() * 1000)
+
+    def _q(self, name: str) -> _Queue:
+        if (q := self._queues.get(name)) is None:
+            q = self._queues[name] = _Queue(events=deque(maxlen=self._events_maxlen))
+        return q
+
+    def _peek(self, name: str) -> _Queue:
+        """The queue, or an empty stand-in that is not stored: reads and refused writes must
+        not bring a queue into existence (``list_queues``, ``obliterate``)."""
+        return self._queues.get(name) or _Queue()
+
+    def _live(self, q: _Queue, job_id: str, now: int) -> _Rec | None:
+        rec = q.jobs.get(job_id)
+        if rec is not None and rec.expires_at is not None and rec.expires_at <= now:
+            del q.jobs[job_id]
+            return None
+        return rec
+
+    def _owned(self, q: _Queue, job_id: str, token: int) -> _Rec | None:
+        rec = q.jobs.get(job_id)
+        if rec is None or rec.state is not JobState.ACTIVE or rec.token != token:
+            return None
+        return rec
+
+    def _event(self, queue: str, q: _Queue, rec: _Rec, kind: str, now: int) -> None:
+        event_id = f"{now}-{next(self._event_seq)}"
+        q.events.append(Event(event_id, queue, rec.job_id, kind, now, rec.worker))
+
+    def _index_queued(self, q: _Queue, rec: _Rec) -> None:
+        rec.state = JobState.QUEUED
+        rec.version = next(self._versions)
+        tier, order = rec.order
+        heapq.heappush(q.queued, (rec.options.priority, tier, order, rec.version, rec.job_id))
+
+    def _index_scheduled(self, q: _Queue, rec: _Rec, state: JobState, run_at: int) -> None:
+        rec.state = state
+        rec.run_at = run_at
+        rec.version = next(self._versions)
+        heapq.heappush(q.scheduled, (run_at, rec.version, rec.job_id))
+
+    def _due_at(self, q: _Queue, rec: _Rec, due: int, now: int) -> None:
+        """Give a waiting job a new due time: queued when due, else scheduled (a retrying job
+        stays retrying). A queued job keeps its order key, so it keeps its place."""
+        if due <= now:
+            self._index_queued(q, rec)
+            self._cond.notify_all()
+        else:
+            state = JobState.RETRYING if rec.state is JobState.RETRYING else JobState.SCHEDULED
+            self._index_scheduled(q, rec, state, due)
+
+    def _finish(self, q: _Queue, rec: _Rec, state: JobState, now: int) -> None:
+        rec.state = state
+        rec.finished_at = now
+        rec.expires_at = now + rec.options.result_ttl
+        rec.version = next(self._versions)
+        q.active.pop(rec.job_id, None)
+        if state in (JobState.COMPLETED, JobState.FAILED):
+            q.finished[state.value] += 1
+
+    def _keep(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:
+        """Index a record that is final (not one a successor replaced) and trim its state's
+        index to the policy's count at once (a dict pop per record: nothing to bound). The
+        rules of retention are those of ``includes/retain.lua``."""
+        state = rec.state.value
+        keep = getattr(q.retention, state)
+        if keep is None or q.jobs.get(rec.job_id) is not rec:
+            return
+        index = q.kept.setdefault(state, {})
+        index.pop(rec.job_id, None)
+        index[rec.job_id] = rec
+        self._trim(queue, q, state, now, len(index))
+
+    def _trim(self, queue: str, q: _Queue, state: str, now: int, limit: int) -> int:
+        """Drop the oldest entries of ``state``'s index past the count or the age (their
+        records with them, each with a 'removed' event) and stale entries met on the way."""
+        index = q.kept.get(state, {})
+        keep = getattr(q.retention, state)
+        removed = 0
+        for job_id, rec in list(index.items())[:limit]:
+            live = q.jobs.get(job_id) is rec and rec.state.value == state
+            over = keep is None or (keep.count is not None and len(index) > keep.count)
+            over = over or (keep.age is not None and (rec.finished_at or 0) <= now - keep.age)
+            if live and not over:
+                break
+            del index[job_id]
+            if live and keep is not None:
+                del q.jobs[job_id]
+                self._event(queue, q, rec, "removed", now)
+                removed += 1
+        return removed
