@@ -185,8 +185,7 @@ def journal_cost(ports: range, pairs: int, block: int) -> dict[str, Any]:
     from django_jobq.conf import jobq_settings
     from django_jobq.models import JournalEntry
     from django_jobq.queue import Queue
-    from django_jobq.storage.redis.cluster import node_client
-    from django_jobq.storage.redis.connection import client_from_url
+    from django_jobq.storage.redis.connection import client_from_url, node_client
     from django_jobq.storage.redis.storage import RedisStorage
 
     workdir = Path(tempfile.mkdtemp(prefix="jobq-cluster-cost-"))

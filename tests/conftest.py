@@ -17,7 +17,7 @@ from django.conf import settings
 from django_jobq.queue import Queue
 from django_jobq.storage.database import DatabaseStorage
 from django_jobq.storage.memory import MemoryStorage
-from django_jobq.storage.redis.cluster_storage import ClusterRedisStorage
+from django_jobq.storage.redis.cluster import ClusterRedisStorage
 from django_jobq.storage.redis.connection import client_from_url
 from django_jobq.storage.redis.storage import RedisStorage
 from django_jobq.tasks.registry import handler_name

@@ -10,7 +10,7 @@ import pytest
 from django_jobq.job import Event, JobRecord
 from django_jobq.states import JobState
 from django_jobq.storage.redis.builders import positional_builder
-from django_jobq.storage.redis.codec import RECORD_FIELDS, _record_values
+from django_jobq.storage.redis.storage import RECORD_FIELDS, _record_values
 
 
 def test_a_built_record_equals_the_constructed_one_field_by_field():

@@ -22,8 +22,7 @@ from django_jobq.job import AckOutcome, EnqueueOutcome, JobOptions, NewJob
 from django_jobq.states import JobState
 from django_jobq.storage.base import Ack
 from django_jobq.storage.redis import scripts as scripts_mod
-from django_jobq.storage.redis.connection import client_from_url
-from django_jobq.storage.redis.node import pooled_connection
+from django_jobq.storage.redis.connection import client_from_url, pooled_connection
 from django_jobq.storage.redis.scripts import SHAS
 from django_jobq.storage.redis.storage import RedisStorage
 

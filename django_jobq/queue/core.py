@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -75,6 +76,7 @@ from ..validation import (
     validate_sharded_name,
     validate_shards,
 )
+from .events import PageReader, aiterate_pages, iterate_pages, validate_kinds, validate_since
 
 if TYPE_CHECKING:
     from ..storage.redis.storage import RedisStorage
@@ -1000,11 +1002,9 @@ class Queue:
         kinds. Without ``follow`` the iterator ends once caught up; with it, it waits (``wait``
         seconds at a time) for new events until the caller stops iterating. Resume after a
         restart by passing the last handled event's ``id`` as ``since``. See
-        docs/observability.md."""
-        from . import events
-
-        args = self._feed_args(since, kinds, follow, wait, batch)
-        return events.iterate(self.storage, self.name, *args[:2], **args[2])
+        docs/observability.md (a sharded queue: ``ShardedQueue._feed``)."""
+        read, since, chosen, options = self._feed(since, kinds, follow, wait, batch)
+        return iterate_pages(read, since, chosen, **options)
 
     def aevents(
         self,
@@ -1016,23 +1016,20 @@ class Queue:
         batch: int = 500,
     ) -> AsyncIterator[Event]:
         """``events`` as an async iterator (``async for``): storage reads run in a thread."""
-        from . import events
+        read, since, chosen, options = self._feed(since, kinds, follow, wait, batch)
+        return aiterate_pages(read, since, chosen, **options)
 
-        args = self._feed_args(since, kinds, follow, wait, batch)
-        return events.aiterate(self.storage, self.name, *args[:2], **args[2])
-
-    @staticmethod
-    def _feed_args(
-        since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
-    ) -> tuple[Any, Any, dict[str, Any]]:
-        """Checked before the iterator starts, so a bad argument fails at the call."""
-        from .events import validate_kinds, validate_since
-
+    def _feed(
+        self, since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
+    ) -> tuple[PageReader, str, frozenset[str] | None, dict[str, Any]]:
+        """The feed's reader and its arguments, checked before the iterator starts, so a bad
+        argument fails at the call."""
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait <= 60:
             raise InvalidOption(f"wait must be a number of seconds in (0, 60], got {wait!r}")
         options = {"follow": _flag("follow", follow), "wait": float(wait),
                    "batch": validate_positive_int("batch", batch)}  # fmt: skip
-        return validate_since(since), validate_kinds(kinds), options
+        read = partial(self.storage.read_events, self.name)
+        return read, validate_since(since), validate_kinds(kinds), options
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from functools import partial
 
 from ..errors import InvalidOption
 from ..job import Event
 from ..states import JobState
-from ..storage.base import Storage
 
 # What the ``kind`` of an event can be: the state a job entered, or a report of it.
 KINDS = frozenset({state.value for state in JobState}) | frozenset({
@@ -45,25 +43,6 @@ def validate_kinds(kinds: Iterable[str] | None) -> frozenset[str] | None:
     if unknown or not chosen:
         raise InvalidOption(f"kinds must be some of {sorted(KINDS)}, got {sorted(unknown)}")
     return chosen
-
-
-def iterate(
-    storage: Storage, queue: str, since: str, kinds: frozenset[str] | None, *,
-    follow: bool, wait: float, batch: int,
-) -> Iterator[Event]:  # fmt: skip
-    """Events of ``queue`` after ``since``, pages of ``batch``; with ``follow`` it blocks up
-    to ``wait`` seconds at a time for more and never ends by itself (break out of the loop)."""
-    return iterate_pages(partial(storage.read_events, queue), since, kinds,
-                         follow=follow, wait=wait, batch=batch)  # fmt: skip
-
-
-def aiterate(
-    storage: Storage, queue: str, since: str, kinds: frozenset[str] | None, *,
-    follow: bool, wait: float, batch: int,
-) -> AsyncIterator[Event]:  # fmt: skip
-    """``iterate`` for asyncio: each page is read in a thread, so the loop never blocks."""
-    return aiterate_pages(partial(storage.read_events, queue), since, kinds,
-                          follow=follow, wait=wait, batch=batch)  # fmt: skip
 
 
 # read(after, count, block) -> the page of events after ``after`` (a queue's feed, or the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +21,6 @@ from ..job import (
     CancelOutcome,
     ChangeOutcome,
     DeadLetter,
-    Event,
     JobResult,
     JobStatus,
     NewJob,
@@ -32,8 +31,9 @@ from ..job import (
 )
 from ..states import JobState
 from ..validation import partition_names, validate_job_id, validate_positive_int
-from . import events, sharded_events
+from . import sharded_events
 from .core import Queue, _shard_count, checked_limits
+from .events import PageReader
 from .sharding import members, route, routing_key, split_limits
 
 
@@ -261,44 +261,18 @@ class ShardedQueue(Queue, sharded=True):
     def count_failure_calls(self) -> int:
         return sum(q.count_failure_calls() for q in self.members())
 
-    def events(
-        self,
-        since: str = "0",
-        *,
-        kinds: Iterable[str] | None = None,
-        follow: bool = False,
-        wait: float = 1.0,
-        batch: int = 500,
-    ) -> Iterator[Event]:
+    def _feed(
+        self, since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
+    ) -> tuple[PageReader, str, frozenset[str] | None, dict[str, Any]]:
         """Every current partition's events as one feed, ordered per partition and merged by
         time (``at``, then partition). Each event's ``id`` is a composite cursor (every
         partition's position after it, ``s<N>:<id0>,...``): pass the last one handled as
         ``since`` to resume with exactly the rest. ``queue`` on each event is the logical
         name. With ``follow``, one wait covers every partition. See sharded_events.py."""
-        feed, since, options = self._merged_feed(since, kinds, follow, wait, batch)
-        return events.iterate_pages(feed.read, since, options.pop("kinds"), **options)
-
-    def aevents(
-        self,
-        since: str = "0",
-        *,
-        kinds: Iterable[str] | None = None,
-        follow: bool = False,
-        wait: float = 1.0,
-        batch: int = 500,
-    ) -> AsyncIterator[Event]:
-        """``events`` as an async iterator (``async for``): storage reads run in a thread."""
-        feed, since, options = self._merged_feed(since, kinds, follow, wait, batch)
-        return events.aiterate_pages(feed.read, since, options.pop("kinds"), **options)
-
-    def _merged_feed(
-        self, since: str, kinds: Iterable[str] | None, follow: bool, wait: float, batch: int
-    ) -> tuple[sharded_events.MergedEvents, str, dict[str, Any]]:
-        """Arguments checked before the iterator starts, so a bad one fails at the call."""
-        _, chosen, options = self._feed_args("0", kinds, follow, wait, batch)
+        _, _, chosen, options = super()._feed("0", kinds, follow, wait, batch)
         sharded_events.parse_cursor(since, self.shards)
         feed = sharded_events.MergedEvents(self.storage, self.name, self.partition_names)
-        return feed, since, {"kinds": chosen, **options}
+        return feed.read, since, chosen, options
 
 
 _EPOCH = dt.datetime.fromtimestamp(0, tz=dt.UTC)

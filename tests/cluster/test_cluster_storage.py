@@ -14,9 +14,8 @@ from django_jobq.backend import check_settings
 from django_jobq.errors import ConfigurationError
 from django_jobq.job import EnqueueOutcome, JobOptions, NewJob
 from django_jobq.queue.flows import enqueue_flow, node, resolve_parked
-from django_jobq.storage.redis.cluster import cluster_client_from_url
-from django_jobq.storage.redis.cluster_storage import ClusterRedisStorage
-from django_jobq.storage.redis.connection import client_from_url
+from django_jobq.storage.redis.cluster import ClusterRedisStorage
+from django_jobq.storage.redis.connection import client_from_url, cluster_client_from_url
 from tests.contract.conftest import LONG_WAIT
 
 from ..helpers import PATIENCE, wait_until

@@ -1,10 +1,10 @@
 """The Redis backend (Redis and Redis Cluster): one Lua script per transition (``lua/``).
 
 Both storage classes are imported here, so that ``RedisStorage(client)`` of a cluster client
-finds its variant (``cluster_storage.py``) whichever module was imported first.
+finds its variant (``cluster.py``) whichever module was imported first.
 """
 
-from .cluster_storage import ClusterRedisStorage
+from .cluster import ClusterRedisStorage
 from .storage import RedisStorage
 
 __all__ = ["ClusterRedisStorage", "RedisStorage"]

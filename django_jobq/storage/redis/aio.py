@@ -20,8 +20,7 @@ from typing import Any
 
 from ...job import FinalOutcome, JobRecord, NewJob, StoredEnqueue, final_outcome
 from ..base import Storage
-from .codec import _record
-from .node import MAX_BLOCK_SECONDS
+from .connection import MAX_BLOCK_SECONDS
 from .roundtrip import outcome
 from .scripts import SHAS, SOURCES
 
@@ -116,7 +115,7 @@ async def get_record(storage: Any, queue: str, job_id: str) -> JobRecord | None:
             return await pipe.execute()
 
     raw, pttl = await _translated(storage, read())
-    return _record(queue, job_id, raw, pttl, int(time.time() * 1000))
+    return storage._record_of(queue, job_id, raw, pttl, int(time.time() * 1000))
 
 
 async def wait_for_outcome(

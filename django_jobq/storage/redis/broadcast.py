@@ -34,9 +34,14 @@ from ..broadcast_base import (
     Settle,
     Waiter,
 )
-from .cluster import _Waits, cluster_blocking, is_cluster_client, key_slot
-from .connection import blocking_command
-from .node import MAX_BLOCK_SECONDS
+from .connection import (
+    MAX_BLOCK_SECONDS,
+    _Waits,
+    blocking_command,
+    cluster_blocking,
+    is_cluster_client,
+    key_slot,
+)
 from .scripts import _read
 
 NAMES = ("bc_publish", "bc_subscribe", "bc_claim", "bc_settle", "bc_lease", "bc_dead")

@@ -1,235 +1,213 @@
-"""Redis Cluster: the client, and the per-slot steps the storage's cluster variant
-(``cluster_storage.py``) and the broadcasts are made of.
+"""``ClusterRedisStorage``: the Redis backend on a Redis Cluster (the client and the
+per-slot blocking steps are ``connection.py``'s).
 
 Every key of a queue carries the hash tag ``{prefix:queue}`` (``keys.py``), so each script call
-runs in one slot and redis-py's ``RedisCluster`` routes it by its first key; that part needs
-nothing of this module. What does: the operations that name keys of *several* queues at once,
-which a cluster refuses as CROSSSLOT. They are made of per-slot steps here:
-
-* a worker serving queues of different slots waits on each slot's wake keys at once (one
-  blocking BLPOP per slot, each on its own node connection, in threads); the first to answer
-  ends the others with ``CLIENT UNBLOCK``, so a wait never polls and never outlives its wake-up;
-* the mirror's XREADGROUP over many queues' streams is one read per slot, blocking the same way;
-* the server identity the mirror uses to notice a restart is every master's ``run_id``.
-
-A blocking command goes to the node that owns its key's slot. When the slot moved (MOVED/ASK
-after a reshard) or the node went away (a failover), the topology is refreshed and the command
-sent once more to the new owner; a second failure is the caller's (``StorageUnavailable``).
+runs in one slot; what this variant changes are the steps that name keys of *several* queues at
+once, which a cluster refuses as CROSSSLOT: waits over queues of several slots, the mirror's
+reads over many queues' streams, and the server identity the mirror uses to notice a restart.
+``RedisStorage(client)`` of a ``RedisCluster`` client builds this class (it is registered with
+``serves_cluster=True``; this package's ``__init__`` imports it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ...errors import ConfigurationError
-from .node import COMMAND_TIMEOUT, _backoff, _read_response, pooled_connection, single_node_blocking
-
-CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-# URL query options passed on to every node connection, and how to read them.
-_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "socket_timeout": float,
-    "socket_connect_timeout": float,
-    "health_check_interval": int,
-    "client_name": str,
-}
+from ...errors import StorageUnavailable
+from ...job import Event
+from ..base import Clock
+from . import storage as _storage
+from .connection import _Waits, cluster_blocking, key_slot, node_client, refresh_topology
+from .scripts import SHAS, Scripts
+from .storage import RedisStorage, _event, _s
 
 
-def is_cluster_url(url: object) -> bool:
-    return isinstance(url, str) and url.startswith(CLUSTER_SCHEMES)
+class ClusterScripts(Scripts):
+    """Scripts on a cluster: SCRIPT LOAD goes to every master (redis-py routes it so), and a
+    streamed batch is a cluster pipeline, which splits the calls by node."""
+
+    def call_streamed(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Calls of one slot (a queue's bulk enqueue) are streamed on the owning master's
+        connection, as on a single Redis; calls of several slots, or a batch that met a
+        redirection (MOVED/ASK/TRYAGAIN: those calls did not run), go through the pipeline."""
+        from redis.exceptions import AskError, MovedError
+
+        slots = {key_slot(keys[0]) for _, keys, _ in calls if keys}
+        if len(slots) != 1:
+            return self.call_many(calls)
+        node = Scripts(node_client(self.client, calls[0][1][0]))
+        results = node._streamed(calls)
+        moved = [i for i, r in enumerate(results) if isinstance(r, MovedError | AskError)]
+        if moved:
+            refresh_topology(self.client)
+            again = self._run([calls[i] for i in moved], self._pipeline)
+            for i, result in zip(moved, again, strict=True):
+                results[i] = result
+        return self._finish(calls, results, node)
+
+    def _finish(self, calls: Sequence[Any], results: list[Any], node: Scripts) -> list[Any]:
+        """NOSCRIPT (a failover's new master) and errors, as ``Scripts._run`` treats them."""
+        from redis.exceptions import NoScriptError
+
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            self.load_all()
+            again = self._run([calls[i] for i in missing], self._pipeline)
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def _pipeline(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """redis-py's cluster pipeline refuses ``evalsha`` by name but routes the raw command
+        by its first key (EVALSHA's keys follow the key count), following MOVED/ASK."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.execute_command("EVALSHA", SHAS[name], len(keys), *keys, *args)
+        return list(pipe.execute(raise_on_error=False))
 
 
-def is_cluster_client(client: Any) -> bool:
-    from redis.cluster import RedisCluster
+class ClusterRedisStorage(RedisStorage, serves_cluster=True):
+    """``RedisStorage`` on a Redis Cluster: the same scripts and keys; the steps that span
+    several queues' slots are split per slot (see the module docstring)."""
 
-    return isinstance(client, RedisCluster)
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "jobq",
+        events_maxlen: int = 10_000,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(client, prefix=prefix, events_maxlen=events_maxlen, clock=clock)
+        self.scripts = ClusterScripts(client)
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="jobq-cluster-wait")
+        self._waits = _Waits(self._pool)
 
+    def unavailable(self, exc: Exception) -> StorageUnavailable | None:
+        """Besides an unreachable node: a slot without a master (a failover in progress,
+        CLUSTERDOWN) and a slot being migrated whose keys a script needs on both sides
+        (TRYAGAIN past the client's retries). Both end within seconds; neither ran the call."""
+        from redis.exceptions import ClusterDownError, ClusterError, TryAgainError
 
-def cluster_client_from_url(url: str, **options: Any) -> Any:
-    """A ``RedisCluster`` from ``redis+cluster://[user:password@]host:port[,host:port...]``
-    (``rediss+cluster://`` for TLS). Several seed nodes let the client start while one of them
-    is down; it learns the rest of the topology from any seed. A cluster has database 0 only,
-    so a path naming another database is refused rather than silently ignored."""
-    from redis.cluster import ClusterNode, RedisCluster
-    from redis.exceptions import ConnectionError, RedisClusterException
-    from redis.retry import Retry
+        if isinstance(exc, ClusterDownError | ClusterError | TryAgainError):
+            return StorageUnavailable(f"Redis Cluster: {type(exc).__name__}: {exc}")
+        return super().unavailable(exc)
 
-    tls = url.startswith("rediss+")
-    rest = url.split("://", 1)[1]
-    netloc, _, tail = rest.partition("/")
-    path, _, query = tail.partition("?")
-    if "?" in netloc:
-        netloc, _, query = netloc.partition("?")
-    if path not in ("", "0"):
-        raise ConfigurationError(f"invalid Redis URL {url!r}: a cluster has only database 0")
-    auth, _, hosts = netloc.rpartition("@")
-    nodes = []
-    for hostport in hosts.split(","):
-        host, _, port = hostport.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigurationError(
-                f"invalid Redis URL {url!r}: {hostport!r} is not host:port "
-                "(a cluster URL lists its seed nodes as host:port,host:port)"
+    def _by_slot(self, keys: Sequence[str]) -> dict[int, list[str]]:
+        groups: dict[int, list[str]] = {}
+        for key in keys:
+            groups.setdefault(key_slot(key), []).append(key)
+        return groups
+
+    def wait_for_jobs(
+        self, queues: Sequence[str], timeout: float, worker_id: str | None = None
+    ) -> None:
+        timeout = min(max(timeout, 0.001), _storage.MAX_BLOCK_SECONDS)
+        keys = [self.keys(q).wake for q in queues]
+        if worker_id is not None:
+            # interrupt_wait pushes here: the slot of the first queue, waited on like the rest
+            keys.append(self.keys(queues[0]).worker_wake(worker_id))
+        groups = list(self._by_slot(keys).values())
+        if len(groups) == 1:
+            cluster_blocking(self.client, keys[0], timeout, "BLPOP", *keys, timeout)
+            return
+        commands = [(g[0], ("BLPOP", *g, timeout)) for g in groups]
+        self._waits.run(self.client, timeout, commands)
+
+    def read_group(
+        self,
+        queues: Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        count: int = 1000,
+        block: float | None = None,
+        pending: bool = False,
+        lost: list[str] | None = None,
+    ) -> list[Event]:
+        by_slot: dict[int, list[str]] = {}
+        for q in queues:
+            by_slot.setdefault(key_slot(self.keys(q).events), []).append(q)
+        if len(by_slot) <= 1:
+            return super().read_group(
+                queues, group, consumer, count=count, block=block, pending=pending, lost=lost
             )
-        nodes.append(ClusterNode(host, int(port)))
-    if auth:
-        user, _, password = auth.partition(":")
-        if user:
-            options.setdefault("username", unquote(user))
-        if password:
-            options.setdefault("password", unquote(password))
-    for name, value in parse_qsl(query):
-        if name not in _URL_OPTIONS:
-            raise ConfigurationError(f"invalid Redis URL {url!r}: unknown option {name!r}")
-        try:
-            options.setdefault(name, _URL_OPTIONS[name](value))
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid Redis URL {url!r}: {name}: {exc}") from exc
-    if tls:
-        options.setdefault("ssl", True)
-    options.setdefault("socket_timeout", COMMAND_TIMEOUT)
-    options.setdefault("socket_connect_timeout", COMMAND_TIMEOUT)
-    options.setdefault("socket_keepalive", True)
-    # A failover takes the cluster's node timeout plus an election: retry a refused
-    # connection for about as long, re-reading the topology between tries (redis-py does).
-    options.setdefault("retry", Retry(_backoff(), 6, supported_errors=(ConnectionError,)))
-    try:
-        return RedisCluster(startup_nodes=nodes, **options)
-    except RedisClusterException as exc:
-        raise ConfigurationError(f"Redis Cluster at {url!r} is not usable: {exc}") from exc
-    except ConnectionError:
-        raise
+        events: list[Event] = []
+        for part in by_slot.values():  # what is there now, without waiting
+            events += super().read_group(
+                part, group, consumer, count=count, pending=pending, lost=lost
+            )
+        if events or not block or pending:
+            return events
+        wait = min(block, _storage.MAX_BLOCK_SECONDS)
+        commands = []
+        for part in by_slot.values():
+            streams = [self.keys(q).events for q in part]
+            commands.append((streams[0], (
+                "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK",
+                int(wait * 1000), "STREAMS", *streams, *([">"] * len(streams)),
+            )))  # fmt: skip
+        by_key = {self.keys(q).events: q for q in queues}
+        for reply in self._waits.run(self.client, wait, commands):
+            for stream, entries in reply or []:
+                queue = by_key[_s(stream)]
+                for event_id, fields in entries:
+                    if fields:
+                        events.append(_event(queue, event_id, fields))
+        return events
 
+    def read_events_many(
+        self, after: dict[str, str], count: int = 1000, block: float | None = None
+    ) -> dict[str, list[Event]]:
+        """One ``XREAD`` per slot (a sharded queue's partitions are in slots of their own);
+        blocking, those reads wait at once and end together (``_Waits``), so no slot is
+        polled."""
+        by_key = {self.keys(q).events: q for q in after}
+        groups = list(self._by_slot(list(by_key)).values())
+        if len(groups) == 1:
+            return super().read_events_many(after, count, block)
+        wait = min(block, _storage.MAX_BLOCK_SECONDS) if block else None
 
-def check_cluster_url(url: str) -> str | None:
-    """The problem with a cluster URL's form (no connection is made), or None."""
-    rest = url.split("://", 1)[1]
-    netloc = rest.partition("/")[0].partition("?")[0].rpartition("@")[2]
-    for hostport in netloc.split(","):
-        host, _, port = hostport.strip().rpartition(":")
-        if not host or not port.isdigit():
-            return f"{hostport!r} is not host:port"
-    path = urlsplit("redis://x/" + rest.partition("/")[2]).path.strip("/")
-    if path not in ("", "0"):
-        return "a cluster has only database 0"
-    return None
+        def command(keys: list[str]) -> tuple[Any, ...]:
+            blocking = ("BLOCK", int(wait * 1000)) if wait else ()
+            ids = [after[by_key[k]] for k in keys]
+            return ("XREAD", "COUNT", count, *blocking, "STREAMS", *keys, *ids)
 
+        # what is there now: the cluster client routes each read and follows MOVED itself
+        now = [self.client.xread({k: after[by_key[k]] for k in g}, count=count) for g in groups]
+        found = self._stream_events(after, by_key, now)
+        if any(found.values()) or not wait:
+            return found
+        replies = self._waits.run(self.client, wait, [(g[0], command(g)) for g in groups])
+        return self._stream_events(after, by_key, replies)
 
-def key_slot(key: str) -> int:
-    """The cluster slot of ``key`` (CRC16 of its hash tag, mod 16384), as Redis computes it."""
-    from redis.crc import key_slot as crc_slot
+    def server_id(self) -> str:
+        """Every master's ``run_id`` (sorted, hashed): a restart of any of them may have lost
+        keys, and a failover puts a replica in its place whose data may lag."""
+        ids = sorted(_s(i["run_id"]) for i in self._per_master("server"))
+        return f"cluster-{zlib.crc32(','.join(ids).encode()):08x}-{len(ids)}"
 
-    return int(crc_slot(key.encode()))
+    def memory_info(self) -> dict[str, Any]:
+        """The fullest master's memory figures: the first to fill stops its queues."""
+        infos = self._per_master("memory")
+        fullest = max(infos, key=lambda i: i.get("used_memory") or 0)
+        return {k: fullest.get(k) for k in ("used_memory", "used_memory_peak", "maxmemory",
+                                            "maxmemory_policy")}  # fmt: skip
 
+    def _per_master(self, section: str) -> list[dict[str, Any]]:
+        from redis.cluster import RedisCluster
 
-def node_client(client: Any, key: str) -> Any:
-    """The plain ``Redis`` client of the master that owns ``key``'s slot."""
-    node = client.get_node_from_key(key)
-    conn = client.get_redis_connection(node)
-    return conn
+        reply = self.client.info(section, target_nodes=RedisCluster.PRIMARIES)
+        if isinstance(reply, dict) and reply and all(isinstance(v, dict) for v in reply.values()):
+            return list(reply.values())
+        return [reply]
 
-
-def refresh_topology(client: Any) -> None:
-    """Re-read the slot map (after MOVED/ASK or a dead node). A failure is left to the retried
-    command, which reports the cluster unreachable if it still is."""
-    from redis.exceptions import RedisError
-
-    try:
-        client.nodes_manager.initialize()
-    except RedisError:
-        pass
-
-
-def cluster_blocking(client: Any, key: str, wait: float, *args: Any, **options: Any) -> Any:
-    """One blocking command on the node owning ``key``; once more on the new owner when the
-    slot moved or its node is gone. While the slot is being migrated (ASK, TRYAGAIN: its keys
-    are split between two nodes) the reply is empty, as if the wait had timed out at once:
-    every caller re-reads after a wait, and a migration lasts seconds."""
-    from redis.exceptions import AskError, ConnectionError, MovedError, TimeoutError, TryAgainError
-
-    for attempt in (1, 2):
-        try:
-            return single_node_blocking(node_client(client, key), wait, *args, **options)
-        except (AskError, TryAgainError):
-            return None
-        except (MovedError, ConnectionError, TimeoutError):
-            refresh_topology(client)
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-class _Waits:
-    """Blocking commands on several nodes at once, ended together: the first to answer wakes
-    the others with ``CLIENT UNBLOCK`` (their reply is then empty, so nothing they would have
-    taken is lost), and every reply that did arrive is returned."""
-
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
-        self.pool = pool
-
-    def run(
-        self, client: Any, wait: float, commands: Sequence[tuple[str, tuple[Any, ...]]]
-    ) -> list[Any]:
-        first = threading.Event()
-        lock = threading.Lock()
-        blocked: dict[int, tuple[Any, int]] = {}  # index -> (node client, CLIENT ID)
-        finished: set[int] = set()
-
-        def one(index: int, key: str, args: tuple[Any, ...]) -> Any:
-            from redis.exceptions import AskError, ConnectionError, MovedError, TryAgainError
-
-            try:
-                node = node_client(client, key)
-                conn = pooled_connection(node.connection_pool, args[0])
-                try:
-                    conn.send_command("CLIENT", "ID")
-                    client_id = int(conn.read_response())
-                    with lock:
-                        if first.is_set():
-                            return None  # woken before it blocked: nothing to wait for
-                        blocked[index] = (node, client_id)
-                    conn.send_command(*args)
-                    response = _read(conn, wait + COMMAND_TIMEOUT)
-                    callback = node.response_callbacks.get(args[0])
-                    return callback(response) if callback and response else response
-                except BaseException:
-                    conn.disconnect()
-                    raise
-                finally:
-                    node.connection_pool.release(conn)
-            except (MovedError, ConnectionError):
-                refresh_topology(client)  # the caller re-claims, finding the new owner
-                return None
-            except (AskError, TryAgainError):  # a migration: the caller re-claims
-                return None
-            finally:
-                with lock:
-                    finished.add(index)
-                first.set()
-
-        futures = [self.pool.submit(one, i, key, args) for i, (key, args) in enumerate(commands)]
-        first.wait(wait + 2 * COMMAND_TIMEOUT)
-        with lock:
-            first.set()
-        # CLIENT UNBLOCK misses a command not yet read by its server: repeat until every
-        # wait has ended (each try is one round trip; a blocked command ends at the first).
-        while True:
-            with lock:
-                pending = [(i, blocked[i]) for i in blocked if i not in finished]
-            if not pending:
-                break
-            for _, (node, client_id) in pending:
-                with contextlib.suppress(Exception):  # that wait then ends by its own timeout
-                    node.execute_command("CLIENT", "UNBLOCK", client_id)
-            for i, _ in pending:
-                with contextlib.suppress(Exception):  # its result is read below
-                    futures[i].result(timeout=0.05)
-        return [f.result() for f in futures]
-
-
-def _read(conn: Any, timeout: float) -> Any:
-    return _read_response(conn, timeout)
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        super().close()

@@ -26,7 +26,7 @@ from typing import Any
 from django_redis.pool import ConnectionFactory
 
 from ...errors import ConfigurationError
-from .cluster import cluster_client_from_url, is_cluster_url
+from .connection import cluster_client_from_url, is_cluster_url
 
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()

@@ -25,7 +25,7 @@ from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from ...job import FinalOutcome, NewJob, StoredEnqueue
 from ...states import TERMINAL_STATES, JobState
-from .node import COMMAND_TIMEOUT, MAX_BLOCK_SECONDS, _read_response, pooled_connection
+from .connection import COMMAND_TIMEOUT, MAX_BLOCK_SECONDS, _read_response, pooled_connection
 from .scripts import keep_head, script_head
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from typing import Any
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from ...states import LUA_SPEC
-from .node import pooled_connection
+from .connection import pooled_connection
 
 LUA_DIR = Path(__file__).parent / "lua"
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
