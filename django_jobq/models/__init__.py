@@ -15,10 +15,9 @@ from .jobs import (
     Job,
     JobEvent,
     JobQuerySet,
+    JournalEntry,
     QueueConfig,
     WorkerInfo,
 )
-from .journal import JournalEntry
-from .mirror import MirrorReject
-from .rollup import JobMinute, RollupMark
+from .mirror import JobMinute, MirrorReject, RollupMark
 from .schedules import Schedule
