@@ -126,10 +126,14 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: Any) -> Any:
         old = next(o for o in MOVED if spec.name == o or spec.name.startswith(o + "."))
-        return importlib.import_module(MOVED[old] + spec.name[len(old) :])
+        module = importlib.import_module(MOVED[old] + spec.name[len(old) :])
+        spec.loader_state = module.__spec__  # importlib puts the old name's spec on it
+        return module
 
     def exec_module(self, module: Any) -> None:
-        """Nothing to run: the module was imported under its own name."""
+        """Nothing to run (the module was imported under its own name); its own spec goes
+        back, which its relative imports, ``reload`` and pickling read."""
+        module.__spec__ = module.__spec__.loader_state
 
 
 sys.meta_path.insert(0, _MovedModules())
