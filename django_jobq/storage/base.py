@@ -238,14 +238,18 @@ class Storage(abc.ABC):
 
         First promotes due scheduled/retrying jobs, then moves the best jobs (see ``enqueue``
         for the order) from queued to active with a lease deadline ``now + lease_ms``, a new
-        fencing token, ``attempts + 1``, and an ``active`` event each. Never blocks.
+        fencing token, ``attempts + 1``, and an ``active`` event each. Never blocks. A claim
+        that got fewer jobs than ``count`` answers ``next_due_in``: the ms until the earliest
+        scheduled job is due (None: none is), unless a limit below says otherwise.
 
         Flow control (``set_limits``, ``pause``, ``postpone(queue_wide=True)``), all inside
         the same atomic step so that no number of workers can exceed a limit:
-        - paused queue: claims nothing; ``next_due_in`` None (``resume`` wakes workers).
+        - paused queue: promotes and claims nothing; ``next_due_in`` None (``resume`` wakes
+          workers).
         - queue-wide postponement until T: claims nothing before T; ``next_due_in`` T - now.
-        - ``concurrency``: claims at most ``concurrency - active`` jobs. When that is 0,
-          ``next_due_in`` is None and the verdict that frees a slot wakes one worker.
+        - ``concurrency``: claims at most ``concurrency - active`` jobs. When that is 0 and
+          jobs are queued, ``next_due_in`` is None and the verdict that frees a slot wakes one
+          worker (with none queued, the next due time as above).
         - ``rate_max``/``rate_window``: counts claims in the sliding window ending now; at
           most ``rate_max`` in any window. When the budget is spent, ``next_due_in`` is the
           ms until the oldest claim in the window leaves it.

@@ -158,9 +158,12 @@ class BroadcastStore(abc.ABC):
         self, name: str, group: str, consumer: str, count: int, lease_ms: int, max_stalls: int
     ) -> list[Delivery]:
         """Lease up to ``count`` messages to ``consumer``, in one atomic step, in this order:
-        due retries; deliveries whose lease lapsed (stalls+1; past ``max_stalls`` they become
-        dead instead); then unread messages in publish order, moving the group's position.
-        Each delivery gets token+1; raises ``LookupError`` for an unknown group."""
+        due retries; deliveries whose lease lapsed, in publish order and no more than the
+        claim has room for (stalls+1; past ``max_stalls`` they become dead instead, using that
+        room too); then unread messages in publish order, moving the group's position. Each
+        delivery gets token max(previous + 1, ``token_base()``), so a group subscribed again
+        never hands out an old group's token; raises ``LookupError`` for an unknown group.
+        (Redis still takes lapsed leases over in lapse order: tests/model/test_findings.py.)"""
 
     @abc.abstractmethod
     def settle(self, name: str, group: str, verdicts: Sequence[Settle]) -> list[AckOutcome]:

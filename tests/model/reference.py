@@ -138,11 +138,11 @@ class ModelQueue:
     # Per final state with a policy: the records that finished while it had one, in finish
     # order, as (id, generation); an entry whose record changed since is ignored.
     kept: dict[JobState, list[tuple[str, int]]] = field(default_factory=dict)
-    # Finish times of finished records that went some other way than retention (expired,
-    # deleted, purged, replaced by their successor), per state: backends still count them
-    # toward a policy's count (test_findings.py: test_retention_does_not_count_a_deleted_record,
-    # ..._an_expired_record, test_a_run_its_successor_replaced_does_not_count_toward_retention),
-    # so they widen what a backend may remove.
+    # Finish times of finished records that expired by their result_ttl, per state, when the
+    # backend still counts them toward a policy's count (``counts_expired``: Redis,
+    # test_findings.py::test_retention_does_not_count_an_expired_record), so they widen what
+    # it may remove.
+    counts_expired: bool = False
     ghosts: dict[JobState, list[int]] = field(default_factory=dict)
 
     # -- reading -------------------------------------------------------------------------
@@ -150,14 +150,15 @@ class ModelQueue:
     def live(self, job_id: str) -> Job | None:
         job = self.jobs.get(job_id)
         if job is not None and job.expires_at is not None and job.expires_at <= self.now:
-            self._drop(job_id)
+            self._drop(job_id, expired=True)
             return None
         return job
 
-    def _drop(self, job_id: str) -> None:
+    def _drop(self, job_id: str, expired: bool = False) -> None:
         """A finished record goes (expired or deleted): its id and dedup keys are free."""
         job = self.jobs.pop(job_id)
-        self.ghosts.setdefault(job.state, []).append(job.finished_at or 0)
+        if expired and self.counts_expired:
+            self.ghosts.setdefault(job.state, []).append(job.finished_at or 0)
 
     def records(self) -> dict[str, Job]:
         for job_id in list(self.jobs):
@@ -291,8 +292,9 @@ class ModelQueue:
         budget = count
         if lim.concurrency is not None:
             budget = min(budget, lim.concurrency - self.active_count())
-            if budget <= 0:
-                return Claim([], None, capped=True)
+            if budget <= 0:  # None while jobs wait for the slot: the verdict wakes a worker
+                queued = any(j.state is JobState.QUEUED for j in self.records().values())
+                return Claim([], None if queued else self.next_due_in(), capped=True)
         queued = [j for j in self.records().values() if j.state is JobState.QUEUED]
         queued.sort(key=lambda j: j.order)
         grouped = lim.group_rate_max is not None and lim.group_rate_window is not None
@@ -352,7 +354,6 @@ class ModelQueue:
         succ = job.successor
         if succ is not None:
             job.successor = None
-            self.ghosts.setdefault(state, []).append(self.now)
             self.jobs[job.spec.job_id] = succ
             self._set_due(succ, succ.due)
             return
@@ -570,8 +571,7 @@ class ModelQueue:
         with a policy, finished ``age`` ago or more, or not among the newest ``count`` (ties
         either way). Any record of the state counts: the database backend applies a new policy
         to records finished before it, Redis and memory only to those finished since. So do
-        the ``ghosts``, records gone some other way that backends still count (see
-        ``ghosts`` above)."""
+        the ``ghosts``, expired records a backend still counts (see ``ghosts`` above)."""
         out = set()
         for state in TERMINAL_STATES:
             keep = getattr(self.retention, state.value)
@@ -651,9 +651,6 @@ class ModelBroadcast:
     messages: dict[int, Message] = field(default_factory=dict)  # seq -> message, oldest first
     last_seq: int = 0
     groups: dict[str, Group] = field(default_factory=dict)
-    # The memory backend's claim goes through every lapsed lease until it has taken count
-    # (test_findings.py::test_a_claim_looks_at_no_more_lapsed_leases_than_it_has_room_for).
-    unbounded_takeover: bool = False
     # Redis takes lapsed leases over in the order they lapsed, not in publish order
     # (test_findings.py::test_lapsed_leases_are_taken_over_in_publish_order).
     takeover_by_deadline: bool = False
@@ -727,7 +724,7 @@ class ModelBroadcast:
         if self.takeover_by_deadline:
             lapsed.sort(key=lambda d: d.lease_until)
         room = count - len(taken)
-        for d in lapsed if self.unbounded_takeover else lapsed[:room]:
+        for d in lapsed[:room]:
             if len(taken) >= count:
                 break
             d.stalls += 1

@@ -108,11 +108,11 @@ def tour(m: StorageMachine) -> None:
 
     checked(m, m.enqueue, [a, b, c], False)  # new -> queued, new -> scheduled
     checked(m, m.claim, "w1", 1, 1_000, "complete", False)  # queued -> active -> completed
-    checked(m, m.operator, "change", ["b"], False, False, 1)  # scheduled -> scheduled
+    checked(m, m.operator, "change", ["b"], False, False, 0)  # scheduled -> scheduled
     checked(m, m.operator, "cancel", ["c"], False, False, 0)  # scheduled -> cancelled
     checked(m, m.time_passes, 4_000, False)
     checked(m, m.claim, "w1", 1, 1_000, "fail", False)  # scheduled -> queued; -> retrying
-    checked(m, m.operator, "change", ["b"], False, False, 1)  # retrying -> retrying
+    checked(m, m.operator, "change", ["b"], False, False, 0)  # retrying -> retrying
     checked(m, m.time_passes, 4_000, False)
     checked(m, m.claim, "w1", 1, 1_000, "fail", True)  # retrying -> queued; -> failed
     checked(m, m.operator, "retry", ["b"], False, False, 0)  # failed -> queued

@@ -65,9 +65,6 @@ class TransitionLog:
     queue: str
     after: str = "0"
     ids: dict[str, History] = field(default_factory=dict)
-    # The memory backend emits 'removed' for a record that had expired already
-    # (test_findings.py::test_retention_reports_no_removal_of_a_record_that_expired).
-    stray_removals_ok: bool = False
 
     def read(self) -> list[Event]:
         events: list[Event] = []
@@ -102,10 +99,7 @@ class TransitionLog:
             assert h.state is JobState.ACTIVE, f"{event}: a report of a job {h.state}"
             return []
         if kind == "removed":
-            stray = h.state is None and self.stray_removals_ok
-            assert stray or h.state in TERMINAL_STATES, (
-                f"{event}: retention removed a job {h.state}"
-            )
+            assert h.state in TERMINAL_STATES, f"{event}: retention removed a job {h.state}"
             h.state = None
             return []
         if kind == "blocked":

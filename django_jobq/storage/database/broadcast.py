@@ -22,6 +22,7 @@ from django.db.models import Count
 from ...errors import UnknownGroup
 from ...job import AckOutcome
 from ...states import DELIVERY_STALLED_ERROR
+from ..base import token_base
 from ..broadcast_base import (
     BroadcastStore,
     DeadMessage,
@@ -179,7 +180,9 @@ class DatabaseBroadcasts(BroadcastStore):
         broadcast has no counter row yet (its first publish), and the caller retries there on
         an ``IntegrityError`` (a concurrent publish of the same id inserted it after this
         statement's snapshot). Retention is checked from the oldest retained message: if
-        it might pass a bound, ``_trim`` runs in the same transaction, exactly as before."""
+        it might pass a bound, ``_trim`` runs in the same transaction, exactly as before. A
+        duplicate appends nothing and has no figures to check from, so with any bound set
+        ``_trim`` runs for it (exact, and a duplicate publish is rare)."""
         conn = connections[self.using]
         q = conn.ops.quote_name
         log, msg = q(self.Log._meta.db_table), q(self.Message._meta.db_table)
@@ -195,6 +198,10 @@ class DatabaseBroadcasts(BroadcastStore):
                 return None
             seq, duplicate, oldest_seq, oldest_at = row
             if duplicate is not None:
+                # Nothing appended, but the retention still applies in this step (as on the
+                # several-message path): the bounds may be new, or the messages older now.
+                if retention.maxlen is not None or retention.max_age is not None:
+                    self._trim(name, retention, now)
                 return Published(m.message_id, PublishOutcome.DUPLICATE, str(duplicate))
             # seq - oldest + 1 counts the retained messages, or more when some seq is missing:
             # an overestimate only runs _trim, which counts exactly.
@@ -389,8 +396,13 @@ class DatabaseBroadcasts(BroadcastStore):
                 )
             }
             out = []
+            # max(token + 1, token_base()): a delivery row goes with its group (unsubscribe)
+            # and a group subscribed again starts new rows at 0, so its counter alone would
+            # hand a worker of the old group the new group's token (see ``token_base``).
+            base = token_base()
             for d in taken:
-                d.state, d.token, d.lease_until = "active", d.token + 1, now + lease_ms
+                d.state, d.lease_until = "active", now + lease_ms
+                d.token = max(d.token + 1, base)
                 m = messages[d.seq]
                 out.append(
                     Delivery(

@@ -423,7 +423,10 @@ class ClaimAck(Enqueue):
         self, queue: str, worker_id: str, allowed: int, lease_ms: int, flow: _Flow, now: int
     ) -> list[Any]:
         """Claim in order, skipping candidates whose group spent its budget: those move to
-        scheduled, due when their group's window frees, and keep their order key."""
+        scheduled, due when their group's oldest claim in the window leaves it (as on memory
+        and Redis; with a lowered ``group_rate_max`` the window may hold more claims than the
+        budget, and the group may still be over it then: the next claim defers again), and
+        keep their order key."""
         assert flow.group_rate_max is not None and flow.group_rate_window is not None
         candidates = self._sql(
             f"SELECT id, job_id, job_group FROM {self._table} WHERE queue = %s "
@@ -447,7 +450,7 @@ class ClaimAck(Enqueue):
             if group:
                 window = starts[group]
                 if len(window) >= flow.group_rate_max:
-                    due = window[len(window) - flow.group_rate_max] + flow.group_rate_window
+                    due = window[0] + flow.group_rate_window
                     defer.setdefault(due, []).append((pk, queue, job_id))
                     continue
                 window.append(now)

@@ -7,6 +7,9 @@ queues every ``reap_interval`` too): per state with a policy, at most ``limit`` 
 count (newest first by ``finished_at``, then primary key) and at most ``limit`` rows finished
 before ``now - age``, each a bounded ``DELETE`` over the ``(queue, state, finished_at)``
 index. Between passes a queue may hold a pass's worth of finished rows more than its count.
+The count is of job records, as ``get_record`` shows them (``_records``): a row whose
+``result_ttl`` passed, or a run a singleton successor replaced (``<id>~<pk>``), is no record
+of the state, so it neither counts toward n nor makes a record within the newest n go.
 """
 
 from __future__ import annotations
@@ -65,7 +68,11 @@ class Retaining(Operations):
             rows = self._jobs().filter(queue=queue, state=state, finished_at__isnull=False)
             doomed: list[int] = []
             if keep.count is not None:
-                newest_first = rows.order_by("-finished_at", "-id").values_list("id", flat=True)
+                # The newest n *records*: a row get_record would not show (expired by its
+                # result_ttl, or a run its singleton successor replaced, under a reserved
+                # name) is none, so it neither counts toward n nor goes by the count.
+                records = self._records(rows, now).order_by("-finished_at", "-id")
+                newest_first = records.values_list("id", flat=True)
                 doomed += newest_first[keep.count : keep.count + limit]
             if keep.age is not None:
                 old = rows.filter(finished_at__lte=_dt(now - keep.age)).order_by("finished_at")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ...errors import UnknownGroup
 from ...job import AckOutcome
 from ...states import DELIVERY_STALLED_ERROR
+from ..base import token_base
 from ..broadcast_base import (
     BroadcastStore,
     DeadMessage,
@@ -171,15 +172,15 @@ class MemoryBroadcasts(BroadcastStore):
                 key=lambda d: (d.due, d.message.seq),
             )
             taken += due[:count]
-            for d in sorted(g.deliveries.values(), key=lambda d: d.message.seq):
-                if len(taken) >= count:
-                    break
-                if d.state == "active" and d.lease_until <= now:
-                    d.stalls += 1
-                    if d.stalls > max_stalls:
-                        d.state, d.failed_at = "dead", now
-                        d.error = DELIVERY_STALLED_ERROR
-                        continue
+            # Lapsed leases, no more than the room left (one made a dead letter uses it too).
+            lapsed = [d for d in sorted(g.deliveries.values(), key=lambda d: d.message.seq)
+                      if d.state == "active" and d.lease_until <= now]  # fmt: skip
+            for d in lapsed[: count - len(taken)]:
+                d.stalls += 1
+                if d.stalls > max_stalls:
+                    d.state, d.failed_at = "dead", now
+                    d.error = DELIVERY_STALLED_ERROR
+                else:
                     taken.append(d)
             for seq, message in log.messages.items():
                 if len(taken) >= count:
@@ -190,7 +191,9 @@ class MemoryBroadcasts(BroadcastStore):
                     taken.append(d)
             out = []
             for d in taken:
-                d.state, d.token, d.lease_until = "active", d.token + 1, now + lease_ms
+                # From the clock (token_base): a group subscribed again fences off old leases.
+                d.token = max(d.token + 1, token_base())
+                d.state, d.lease_until = "active", now + lease_ms
                 m = d.message
                 out.append(
                     Delivery(

@@ -63,18 +63,18 @@ class ClaimAck(Enqueue):
     @_step()
     def claim(self, q: _Queue, now: int, /,
               queue: str, worker_id: str, count: int, lease_ms: int) -> ClaimBatch:  # fmt: skip
-        self._promote_due(queue, q, now, PROMOTE_LIMIT)
         batch = ClaimBatch()
         if q.paused:
-            return batch
+            return batch  # before promoting: due jobs stay scheduled while paused
         if q.hold_until > now:
             batch.next_due_in = q.hold_until - now
             return batch
+        self._promote_due(queue, q, now, PROMOTE_LIMIT)
         lim = q.limits
         budget = count
         if lim.concurrency is not None:
             budget = min(budget, lim.concurrency - len(q.active))
-            if budget <= 0:
+            if budget <= 0 and self._has_queued(q):
                 return batch  # the verdict that frees a slot wakes a worker
         rate_limited = lim.rate_max is not None and lim.rate_window is not None
         if rate_limited:
@@ -104,7 +104,7 @@ class ClaimAck(Enqueue):
         free_in = self._rate_free_in(q, now) if rate_limited else None
         if free_in is not None:
             batch.next_due_in = free_in
-        elif lim.concurrency is None or len(q.active) < lim.concurrency:
+        else:
             due = self._next_due(q)
             batch.next_due_in = None if due is None else max(due - now, 0)
         for name in [g for g, w in q.group_claims.items() if not w]:

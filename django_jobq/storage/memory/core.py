@@ -86,6 +86,8 @@ class _Queue:
     # Per final state with a retention policy: id -> the finished record, oldest finish first
     # (the index Redis keeps in a ZSET). An entry whose id now holds another record is stale.
     kept: dict[str, dict[str, _Rec]] = field(default_factory=dict)
+    # (expires at, version, state, id) per entry there: an expired record counts no more.
+    expiring: list[tuple[int, int, str, str]] = field(default_factory=list)
 
 
 type _OnQueue[S, **P, R] = Callable[Concatenate[S, _Queue, int, P], R]
@@ -191,15 +193,18 @@ class MemoryCore(Storage):
         rec.version = next(self._versions)
         heapq.heappush(q.scheduled, (run_at, rec.version, rec.job_id))
 
-    def _due_at(self, q: _Queue, rec: _Rec, due: int, now: int) -> None:
+    def _due_at(self, q: _Queue, rec: _Rec, due: int, now: int) -> bool:
         """Give a waiting job a new due time: queued when due, else scheduled (a retrying job
-        stays retrying). A queued job keeps its order key, so it keeps its place."""
+        stays retrying). A queued job keeps its order key, so it keeps its place. Returns
+        whether the job moved (then its event is due): a queued job made due now did not."""
+        moved = due > now or rec.state is not JobState.QUEUED
         if due <= now:
             self._index_queued(q, rec)
             self._cond.notify_all()
         else:
             state = JobState.RETRYING if rec.state is JobState.RETRYING else JobState.SCHEDULED
             self._index_scheduled(q, rec, state, due)
+        return moved
 
     def _finish(self, q: _Queue, rec: _Rec, state: JobState, now: int) -> None:
         rec.state = state
@@ -221,11 +226,27 @@ class MemoryCore(Storage):
         index = q.kept.setdefault(state, {})
         index.pop(rec.job_id, None)
         index[rec.job_id] = rec
+        heapq.heappush(q.expiring, (rec.expires_at or 0, rec.version, state, rec.job_id))
         self._trim(queue, q, state, now, len(index))
+
+    @staticmethod
+    def _delete(q: _Queue, rec: _Rec) -> None:
+        """Delete a finished record, and its retention entry: it counts toward no count."""
+        del q.jobs[rec.job_id]
+        q.kept.get(rec.state.value, {}).pop(rec.job_id, None)
 
     def _trim(self, queue: str, q: _Queue, state: str, now: int, limit: int) -> int:
         """Drop the oldest entries of ``state``'s index past the count or the age (their
-        records with them, each with a 'removed' event) and stale entries met on the way."""
+        records with them, each with a 'removed' event) and stale entries met on the way.
+        Entries of expired records go first, unreported: they count toward no count."""
+        if len(q.expiring) > 64 + 2 * sum(map(len, q.kept.values())):  # most entries gone
+            q.expiring = [(r.expires_at or 0, r.version, s, i)
+                          for s, kept in q.kept.items() for i, r in kept.items()]  # fmt: skip
+            heapq.heapify(q.expiring)
+        while q.expiring and q.expiring[0][0] <= now:
+            _, version, of, job_id = heapq.heappop(q.expiring)
+            if (entry := q.kept.get(of, {}).get(job_id)) is not None and entry.version == version:
+                del q.kept[of][job_id]
         index = q.kept.get(state, {})
         keep = getattr(q.retention, state)
         removed = 0

@@ -33,8 +33,8 @@ class Enqueue(FailureCalls):
         rec: _Rec, job: NewJob, current_due: int, new_due: int
     ) -> tuple[bool, int | None]:
         """Write into ``rec`` what ``job.update`` changes, except its due time. Returns whether
-        anything changes at all (else the enqueue is a plain duplicate) and the due time to
-        move the job to (None: keep it). ``current_due`` is the job's due time, now for a
+        that changed anything and the due time to move the job to (None: keep it); if neither,
+        the enqueue is a plain duplicate. ``current_due`` is the job's due time, now for a
         queued one."""
         update = job.update
         assert update is not None
@@ -59,7 +59,7 @@ class Enqueue(FailureCalls):
             RunAtUpdate.IF_LATER: new_due > current_due,
             RunAtUpdate.IF_EARLIER: new_due < current_due,
         }[update.run_at]
-        return changed or move, new_due if move else None
+        return changed, new_due if move else None
 
     def enqueue(self, queue: str, job: NewJob) -> StoredEnqueue:
         with self._cond:
@@ -78,9 +78,9 @@ class Enqueue(FailureCalls):
                         )  # fmt: skip
                     if holder.state in WAITING:
                         holder.payload, holder.content_type = job.payload, job.content_type
-                        self._due_at(q, holder, self._due(job, now), now)
+                        if self._due_at(q, holder, self._due(job, now), now):
+                            self._event(queue, q, holder, holder.state.value, now)
                         key.until = now + (job.dedup.ttl or 0)
-                        self._event(queue, q, holder, holder.state.value, now)
                         return StoredEnqueue(EnqueueOutcome.UPDATED, holder.job_id, holder.state)
                     # A debounce holder that runs or finished: this repeat is a new job.
             rec = self._new_rec(q, job, now)
@@ -101,10 +101,10 @@ class Enqueue(FailureCalls):
         if rec.state in WAITING and job.update is not None:
             current = now if rec.state is JobState.QUEUED else (rec.run_at or now)
             changed, due = self._apply_update(rec, job, current, self._due(job, now))
-            if changed:
-                if due is not None:
-                    self._due_at(q, rec, due, now)
+            moved = due is not None and self._due_at(q, rec, due, now)
+            if moved:  # an event only for a move (of the due time): none for data alone
                 self._event(queue, q, rec, rec.state.value, now)
+            if changed or moved:
                 return StoredEnqueue(EnqueueOutcome.UPDATED, rec.job_id, rec.state)
         elif rec.state is JobState.ACTIVE and job.singleton:
             if (succ := rec.successor) is None:
@@ -118,8 +118,7 @@ class Enqueue(FailureCalls):
                 changed, due = self._apply_update(succ, job, current, self._due(job, now))
                 if due is not None:
                     succ.run_at = due
-                if changed:
-                    self._event(queue, q, succ, "blocked", now)
+                if changed or due is not None:  # still blocked: no event
                     return StoredEnqueue(EnqueueOutcome.UPDATED, rec.job_id, JobState.BLOCKED)
             return StoredEnqueue(EnqueueOutcome.DUPLICATE, rec.job_id, JobState.BLOCKED)
         return StoredEnqueue(EnqueueOutcome.DUPLICATE, rec.job_id, rec.state, None, rec.error)
@@ -152,6 +151,15 @@ class Enqueue(FailureCalls):
         if promoted:
             self._cond.notify_all()
         return promoted
+
+    def _has_queued(self, q: _Queue) -> bool:
+        while q.queued:
+            *_, version, job_id = q.queued[0]
+            rec = q.jobs.get(job_id)
+            if rec is not None and rec.version == version and rec.state is JobState.QUEUED:
+                return True
+            heapq.heappop(q.queued)  # a stale entry
+        return False
 
     def _next_due(self, q: _Queue) -> int | None:
         while q.scheduled:

@@ -61,15 +61,14 @@ class Operations(ClaimAck):
                 succ.options = replace(succ.options, priority=priority)
             if run_at is not None:
                 succ.run_at = run_at
-            self._event(queue, q, succ, "blocked", now)
-            return ChangeOutcome.CHANGED
+            return ChangeOutcome.CHANGED  # still blocked: no event
         if priority is not None:
             rec.options = replace(rec.options, priority=priority)
-        if run_at is not None:
-            self._due_at(q, rec, run_at, now)
-        elif rec.state is JobState.QUEUED:
-            self._index_queued(q, rec)  # the new priority, the same order key
-        self._event(queue, q, rec, rec.state.value, now)
+        if run_at is None:
+            if rec.state is JobState.QUEUED:
+                self._index_queued(q, rec)  # the new priority, the same order key
+        elif self._due_at(q, rec, run_at, now):  # an event only when the due time moves
+            self._event(queue, q, rec, rec.state.value, now)
         return ChangeOutcome.CHANGED
 
     @_step(RetryOutcome.NOT_FOUND)
@@ -119,18 +118,18 @@ class Operations(ClaimAck):
             q = self._peek(queue)
             dead = self._dead(q, self._now())
             wanted = None if job_ids is None else set(job_ids)
-            doomed = [r.job_id for r in dead if wanted is None or r.job_id in wanted]
-            for job_id in doomed:
-                del q.jobs[job_id]
+            doomed = [r for r in dead if wanted is None or r.job_id in wanted]
+            for rec in doomed:
+                self._delete(q, rec)
             return len(doomed)
 
     @_step()
     def delete_finished(self, q: _Queue, now: int, /, queue: str, job_ids: Sequence[str]) -> int:
-        doomed = [job_id for job_id in dict.fromkeys(job_ids)
+        doomed = [rec for job_id in dict.fromkeys(job_ids)
                   if (rec := self._live(q, job_id, now)) is not None
                   and rec.state in TERMINAL_STATES]  # fmt: skip
-        for job_id in doomed:
-            del q.jobs[job_id]
+        for rec in doomed:
+            self._delete(q, rec)
         return len(doomed)
 
     @_step(None)
@@ -222,13 +221,13 @@ class Operations(ClaimAck):
     ) -> int:  # fmt: skip
         wanted = {JobState(s) for s in states} & TERMINAL_STATES
         cutoff = now - older_than_ms
-        doomed = [job_id for job_id, rec in q.jobs.items()
+        doomed = [rec for rec in q.jobs.values()
                   if rec.state in wanted and rec.finished_at is not None
                   and rec.finished_at <= cutoff
                   and not (rec.expires_at is not None and rec.expires_at <= now)
                   ][:limit]  # fmt: skip
-        for job_id in doomed:
-            del q.jobs[job_id]
+        for rec in doomed:
+            self._delete(q, rec)
         return len(doomed)
 
     def obliterate(self, queue: str, *, force: bool = False) -> int:

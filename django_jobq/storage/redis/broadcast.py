@@ -4,7 +4,8 @@ Every transition is one Lua script (``lua/bc_*.lua``); the key schema is in
 ``lua/includes/bcast.lua`` and every key is built by ``BroadcastKeys``. Leases are a ZSET of
 deadlines by the storage clock, not the pending list's idle time, so the injected clock of the
 tests and the server's TIME decide them alike; the pending list (XCLAIM) records which consumer
-holds which entry, and the fencing token is a per-entry counter, as for jobs.
+holds which entry, and the fencing token is a per-entry counter that starts from the server's
+clock, as a job's (a group subscribed again never hands out an old group's token).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .connection import (
     is_cluster_client,
     key_slot,
 )
+from .roundtrip import token_nonce
 from .scripts import _read
 
 NAMES = ("bc_publish", "bc_subscribe", "bc_claim", "bc_settle", "bc_lease", "bc_dead")
@@ -160,7 +162,7 @@ class RedisBroadcasts(BroadcastStore):
         flat = self._call(
             "bc_claim",
             [k.log, k.groups, k.missed, k.group_prefix],
-            [self._now_arg(), group, consumer, count, lease_ms, max_stalls],
+            [self._now_arg(), group, consumer, count, lease_ms, max_stalls, token_nonce()],
         )
         if flat == -1:
             raise UnknownGroup(name, group)

@@ -2,7 +2,8 @@
 
 In order: due retries, deliveries whose lease lapsed (a consumer that died: its pending
 entries are claimed over with XCLAIM; stalls+1, past max_stalls a dead letter instead), then
-unread messages (XREADGROUP ">"). Every delivery gets token+1 and a lease.
+unread messages (XREADGROUP ">"). Every delivery gets a lease and a new fencing token,
+max(token + 1, token base) (delivery_token in includes/bcast.lua).
 
 KEYS[1] log               STREAM
 KEYS[2] groups            HASH group -> ordinal of the last message it read
@@ -15,9 +16,10 @@ ARGV[3] consumer (the worker id)
 ARGV[4] count
 ARGV[5] lease (ms)
 ARGV[6] max stalls
+ARGV[7] token nonce (0-999, drawn by the claimer: token_base in includes/common.lua)
 
-Returns: -1 for an unknown group; else per delivery: entry id, token, attempt, message id,
-payload, content type.
+Returns: -1 for an unknown group; else per delivery: entry id, token (a decimal string),
+attempt, message id, payload, content type.
 ]]
 --@include common
 --@include bcast
@@ -29,11 +31,12 @@ local group, consumer = ARGV[2], ARGV[3]
 local count, lease, max_stalls = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 if redis.call('HEXISTS', groups, group) == 0 then return -1 end
 local lease_key, retry_key = gkey(prefix, group, 'lease'), gkey(prefix, group, 'retry')
+local tok_key, base = gkey(prefix, group, 'tok'), token_base(ARGV[7])
 local out, got = {}, 0
 
 local function deliver(pos, flat)
   local f = fields(flat)
-  local token = redis.call('HINCRBY', gkey(prefix, group, 'tok'), pos, 1)
+  local token = delivery_token(tok_key, pos, base)
   redis.call('ZADD', lease_key, now + lease, pos)
   local attempt = tonumber(redis.call('HGET', gkey(prefix, group, 'fail'), pos) or '0') + 1
   out[#out + 1] = pos

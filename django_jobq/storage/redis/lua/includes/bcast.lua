@@ -19,6 +19,21 @@ local function fields(flat)
   return t
 end
 
+-- The fencing token of a new claim of the delivery at `pos`: max(previous + 1, base), `base`
+-- from token_base (common.lua) as a job claim's. The `tok` counter alone would restart at 1
+-- for a group unsubscribed (its keys deleted) and subscribed again, and a worker still holding
+-- a lease of the old group would pass the new group's fence. A 19-digit decimal string, as
+-- next_token's.
+local function delivery_token(tok_key, pos, base)
+  local prev = redis.call('HGET', tok_key, pos)
+  if prev and (#prev > #base or (#prev == #base and prev >= base)) then
+    redis.call('HINCRBY', tok_key, pos, 1)  -- exact in Redis; a Lua number is not past 2^53
+    return redis.call('HGET', tok_key, pos)
+  end
+  redis.call('HSET', tok_key, pos, base)
+  return base
+end
+
 -- Whether (pos, token) is the newest claim of an active delivery.
 local function held(prefix, group, pos, token)
   return redis.call('HGET', gkey(prefix, group, 'tok'), pos) == token
