@@ -162,8 +162,7 @@ class BroadcastStore(abc.ABC):
         claim has room for (stalls+1; past ``max_stalls`` they become dead instead, using that
         room too); then unread messages in publish order, moving the group's position. Each
         delivery gets token max(previous + 1, ``token_base()``), so a group subscribed again
-        never hands out an old group's token; raises ``LookupError`` for an unknown group.
-        (Redis still takes lapsed leases over in lapse order: tests/model/test_findings.py.)"""
+        never hands out an old group's token; raises ``LookupError`` for an unknown group."""
 
     @abc.abstractmethod
     def settle(self, name: str, group: str, verdicts: Sequence[Settle]) -> list[AckOutcome]:

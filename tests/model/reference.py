@@ -651,9 +651,6 @@ class ModelBroadcast:
     messages: dict[int, Message] = field(default_factory=dict)  # seq -> message, oldest first
     last_seq: int = 0
     groups: dict[str, Group] = field(default_factory=dict)
-    # Redis takes lapsed leases over in the order they lapsed, not in publish order
-    # (test_findings.py::test_lapsed_leases_are_taken_over_in_publish_order).
-    takeover_by_deadline: bool = False
 
     def held_by(self, message_id: str) -> Message | None:
         return next((m for m in self.messages.values() if m.message_id == message_id), None)
@@ -721,8 +718,6 @@ class ModelBroadcast:
             d for _, d in sorted(g.deliveries.items())
             if d.state == "active" and d.lease_until <= self.now
         ]  # fmt: skip
-        if self.takeover_by_deadline:
-            lapsed.sort(key=lambda d: d.lease_until)
         room = count - len(taken)
         for d in lapsed[:room]:
             if len(taken) >= count:

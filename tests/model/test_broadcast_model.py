@@ -37,7 +37,6 @@ from hypothesis.stateful import (
 )
 
 from django_jobq.storage.broadcast_base import NewMessage, Retention, Settle, SettleKind
-from django_jobq.storage.redis.storage import RedisStorage
 from tests.conftest import FakeClock, make_storage
 
 from .reference import ModelBroadcast
@@ -77,11 +76,7 @@ class BroadcastMachine(RuleBasedStateMachine):
         super().__init__()
         self.name = f"bc-{uuid.uuid4().hex[:12]}"  # hypothesis examples share no state
         self.store = self.storage.broadcasts()
-        self.model = ModelBroadcast(
-            now=self.clock.now,
-            takeover_by_deadline=isinstance(self.storage, RedisStorage),
-        )
-        self.redis = isinstance(self.storage, RedisStorage)
+        self.model = ModelBroadcast(now=self.clock.now)
         # Every lease ever given: (group, seq, position, token); stale ones stay.
         self.leases: list[tuple[str, int, str, int]] = []
         # Tokens handed out per (group, position), across unsubscribe and subscribe again.
@@ -254,10 +249,6 @@ class BroadcastMachine(RuleBasedStateMachine):
             got = (s.lag, s.active, s.retrying, s.dead, s.missed)
             assert got == self.model.status(group), f"{group}: lag, active, retrying, dead, missed"
             for message_id in MESSAGES:
-                if self.redis and self._dead_and_dropped(group, message_id):
-                    # Redis answers "unknown" for it, the others "dead"
-                    # (test_findings.py::test_delivery_of_a_dead_letter_whose_message_was_dropped).
-                    continue
                 d = self.store.delivery(self.name, group, message_id)
                 assert (d.state, d.attempts) == self.model.delivery_state(group, message_id), (
                     f"{group}: delivery of {message_id}"
@@ -269,14 +260,6 @@ class BroadcastMachine(RuleBasedStateMachine):
                 for d in self.model.groups[group].deliveries.values()
                 if d.state == "dead"
             ), f"{group}: dead letters"
-
-    def _dead_and_dropped(self, group: str, message_id: str) -> bool:
-        return any(
-            d.state == "dead"
-            and d.message.message_id == message_id
-            and seq not in self.model.messages
-            for seq, d in self.model.groups[group].deliveries.items()
-        )
 
     @invariant()
     def only_current_leases_are_held(self) -> None:

@@ -209,8 +209,14 @@ class RedisBroadcasts(BroadcastStore):
     # -- inspection -------------------------------------------------------------------------
 
     def delivery(self, name: str, group: str, message_id: str) -> DeliveryState:
+        """The group's oldest delivery of ``message_id``, as memory and the database answer: a
+        dead letter whose message retention dropped (indexed by ``bc_publish``) first."""
         k = self._k(name)
-        pos = self.client.hget(k.ids, message_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(k.group(group, "dd"), f"id:{message_id}")
+        pipe.hget(k.ids, message_id)
+        dropped, retained = pipe.execute()
+        pos = dropped if dropped is not None else retained
         if pos is None:
             return DeliveryState("unknown")
         pos = _s(pos)

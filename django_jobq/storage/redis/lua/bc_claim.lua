@@ -1,8 +1,8 @@
 --[[ bc_claim: lease up to N messages of one group to one consumer, in one atomic step.
 
-In order: due retries, deliveries whose lease lapsed (a consumer that died: its pending
-entries are claimed over with XCLAIM; stalls+1, past max_stalls a dead letter instead), then
-unread messages (XREADGROUP ">"). Every delivery gets a lease and a new fencing token,
+In order: due retries, deliveries whose lease lapsed, in publish order (a consumer that died:
+its pending entries are claimed over with XCLAIM; stalls+1, past max_stalls a dead letter
+instead), then unread messages (XREADGROUP ">"). Every delivery gets a lease and a new fencing token,
 max(token + 1, token base) (delivery_token in includes/bcast.lua).
 
 KEYS[1] log               STREAM
@@ -65,8 +65,24 @@ for _, pos in ipairs(redis.call('ZRANGEBYSCORE', retry_key, '-inf', now, 'LIMIT'
   if entry then deliver(pos, entry) end
 end
 
+-- Lapsed leases in publish order (entry id "<ms>-<seq>"), no more than the room left (a dead
+-- letter made uses it too): of the first LAPSED_SCAN to lapse, so a claim never sorts an
+-- unbounded set (past that many lapsed at once, the order holds among those).
+local LAPSED_SCAN = 1000
+local function published_before(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  if am ~= bm then return am < bm end
+  return tonumber(as) < tonumber(bs)
+end
+
 if got < count then
-  local lapsed = redis.call('ZRANGEBYSCORE', lease_key, '-inf', now, 'LIMIT', 0, count - got)
+  local room = count - got
+  local lapsed = redis.call('ZRANGEBYSCORE', lease_key, '-inf', now, 'LIMIT', 0,
+    math.max(room, LAPSED_SCAN))
+  table.sort(lapsed, published_before)
+  for i = #lapsed, room + 1, -1 do lapsed[i] = nil end
   for _, pos in ipairs(lapsed) do
     local stalls = redis.call('HINCRBY', gkey(prefix, group, 'stall'), pos, 1)
     local entry = take(pos, stalls > max_stalls and '~dead' or consumer)

@@ -30,6 +30,9 @@ for _, pos in ipairs(positions) do
     local alive = #redis.call('XRANGE', log, pos, pos) > 0
     if mode == 'purge' or alive then
       redis.call('ZREM', dead_key, pos)
+      -- (Only a purge removes a dead letter retention dropped, and it removes them all.)
+      local by_id = 'id:' .. (redis.call('HGET', dd, pos .. ':m') or '')
+      if redis.call('HGET', dd, by_id) == pos then redis.call('HDEL', dd, by_id) end
       redis.call('HDEL', dd, pos .. ':m', pos .. ':p', pos .. ':ct', pos .. ':a', pos .. ':e')
       done = done + 1
     end

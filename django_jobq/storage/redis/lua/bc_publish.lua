@@ -2,7 +2,8 @@
 retention bounds, in one atomic step.
 
 A message dropped by retention is counted in the `missed` of every group that had not read it
-yet or held it active or retrying (those deliveries end); a dead letter keeps its copy.
+yet or held it active or retrying (those deliveries end); a dead letter keeps its copy, and
+the group's `dd` hash maps "id:<message id>" to it (the oldest such), for delivery().
 
 KEYS[1] log          STREAM entry fields: id, n (ordinal), p (payload), ct (content type)
 KEYS[2] ids          HASH message id -> entry id (the retained messages' ids)
@@ -70,6 +71,7 @@ if #doomed > 0 then
         redis.call('HSET', groups, group, reads[g + 1])
       elseif redis.call('ZSCORE', gkey(prefix, group, 'dead'), pos) then
         redis.call('XACK', log, group, pos)  -- the dead letter keeps its copy
+        redis.call('HSETNX', gkey(prefix, group, 'dd'), 'id:' .. f['id'], pos)
       elseif redis.call('HEXISTS', gkey(prefix, group, 'tok'), pos) == 1 then
         redis.call('HINCRBY', missed, group, 1)  -- active or retrying: that delivery ends
         forget(log, prefix, group, pos)

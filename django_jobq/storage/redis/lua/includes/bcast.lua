@@ -4,7 +4,9 @@
 --   :tok   HASH pos -> fencing token of the newest claim (kept until the group is done with it)
 --   :fail  HASH pos -> failed attempts          :stall HASH pos -> lapsed leases
 --   :lease ZSET pos -> lease deadline (active)  :retry ZSET pos -> due ms (retrying)
---   :dead  ZSET pos -> failed at (dead letters) :dd    HASH "<pos>:<field>" -> dead letter copy
+--   :dead  ZSET pos -> failed at (dead letters) :dd    HASH "<pos>:<field>" -> dead letter copy,
+--          and "id:<message id>" -> pos of the oldest dead letter of that id whose message
+--          retention dropped (bc_publish; for delivery())
 --   :err   HASH pos -> last JSON error          :prog  HASH pos -> last JSON progress
 -- Retrying and dead entries stay in the consumer group's pending list under the reserved
 -- consumers "~retry" and "~dead", so a stream entry is acknowledged (XACK) only once the
