@@ -190,3 +190,15 @@ def test_a_django_redis_cache_alias_on_the_cluster_is_shared_with_the_storage(re
             storage.client.srem(storage.global_keys.queues, "alias-q")
             caches["jq"].delete("cluster-cache-probe")
             caches["jq"].close()
+
+
+def test_a_bulk_enqueue_of_one_slot_survives_a_script_flush(redis_cluster, cstorage):
+    """One slot's calls are streamed on its master's own connection (``call_streamed``); a
+    master without the scripts (a failover's new one, SCRIPT FLUSH) refuses them with
+    NOSCRIPT, and they run again once the scripts are loaded, none twice."""
+    for port in redis_cluster.masters():
+        redis_cluster.node_cmd(port, "SCRIPT", "FLUSH")
+    jobs = [new_job(f"j{i}") for i in range(250)]  # three calls of one slot
+    out = cstorage.enqueue_many("flushed", jobs)
+    assert [o.outcome for o in out] == [EnqueueOutcome.QUEUED] * 250
+    assert cstorage.counts("flushed")[JobState.QUEUED] == 250

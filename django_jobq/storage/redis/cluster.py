@@ -46,22 +46,7 @@ class ClusterScripts(Scripts):
             again = self._run([calls[i] for i in moved], self._pipeline)
             for i, result in zip(moved, again, strict=True):
                 results[i] = result
-        return self._finish(calls, results, node)
-
-    def _finish(self, calls: Sequence[Any], results: list[Any], node: Scripts) -> list[Any]:
-        """NOSCRIPT (a failover's new master) and errors, as ``Scripts._run`` treats them."""
-        from redis.exceptions import NoScriptError
-
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
-            self.load_all()
-            again = self._run([calls[i] for i in missing], self._pipeline)
-            for i, result in zip(missing, again, strict=True):
-                results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+        return self._settle(calls, results, self._pipeline)  # NOSCRIPT: a failover's master
 
     def _pipeline(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         """redis-py's cluster pipeline refuses ``evalsha`` by name but routes the raw command

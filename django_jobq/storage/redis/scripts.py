@@ -226,7 +226,11 @@ class Scripts:
         so it is safe to send it again once the scripts are loaded."""
         if not calls:
             return []
-        results = send(calls)
+        return self._settle(calls, send(calls), send)
+
+    def _settle(self, calls: Sequence[Any], results: list[Any], send) -> list[Any]:
+        """``results`` of ``calls``: those refused with NOSCRIPT sent again by ``send`` once
+        the scripts are loaded; then the first error raised."""
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:
             self.load_all()  # after a restart, failover or SCRIPT FLUSH
