@@ -163,6 +163,20 @@ def test_entries_trimmed_just_ahead_of_the_read_are_a_gap_after_it_skipped_them(
     assert storage.group_backlog(Q, GROUP) == (0, None)
 
 
+def test_a_drain_heals_a_trimmed_stream_before_it_returns(redis_client, redis_prefix, db_alias):
+    """``drain`` (``runmirror --once``) checks for a gap itself: a running mirror's check
+    every ``gap_check_interval`` seconds is not due yet, and the rows must still be exact."""
+    storage = RedisStorage(redis_client, prefix=redis_prefix, events_maxlen=10)
+    mirror = Mirror(storage, queues=[Q], using=db_alias, consumer="m1")  # interval: 5 s
+    mirror.queues()
+    enqueue(storage, *[f"j{i:03}" for i in range(300)])
+    assert storage.events_lost(Q, GROUP)
+    mirror.drain()
+    assert mirror.resyncs == 1
+    assert len(rows(db_alias)) == 300 and set(rows(db_alias).values()) == {"queued"}
+    assert not storage.events_lost(Q, GROUP)
+
+
 def _s(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
