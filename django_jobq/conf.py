@@ -143,6 +143,9 @@ DEFAULTS: dict[str, Any] = {
         "ENABLED": False,  # count job signals in every process from start-up
         "ALLOWED_IPS": [],  # networks that may read the metrics view without credentials
     },
+    # Retention of every broadcast (docs/broadcast.md): at most maxlen messages, none older
+    # than max_age ms (None: unbounded); per broadcast, Broadcast(name, maxlen=, max_age=).
+    "BROADCASTS": {"maxlen": 100_000, "max_age": 7 * 24 * 3600 * 1000},
 }
 
 DURABILITIES = ("redis", "journal")
@@ -163,6 +166,7 @@ def jobq_settings() -> dict[str, Any]:
         "JOURNAL",
         "METRICS",
         "API",
+        "BROADCASTS",
     ):
         merged[nested] = {**DEFAULTS[nested], **user.get(nested, {})}
     if merged["BACKEND"] is None:
@@ -310,9 +314,26 @@ def settings_problems() -> list[str]:
     problems += _check_routes(conf["ROUTES"])
     problems += _check_api(conf["API"])
     problems += _check_journal(conf)
+    problems += _check_broadcasts(conf["BROADCASTS"])
     size = conf["MAX_PAYLOAD_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"JOBQ['MAX_PAYLOAD_BYTES'] must be a positive integer, got {size!r}")
+    return problems
+
+
+def _check_broadcasts(broadcasts: dict[str, Any]) -> list[str]:
+    """The documented retention keys, each a positive integer or None (``Broadcast`` checks
+    its own arguments the same way when it is built)."""
+    unknown = set(broadcasts) - set(DEFAULTS["BROADCASTS"])
+    if unknown:
+        return [f"unknown JOBQ['BROADCASTS'] key(s) {sorted(unknown)}"]
+    problems = []
+    for key in ("maxlen", "max_age"):
+        value = broadcasts[key]
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if value is not None and bad:
+            problems.append(f"JOBQ['BROADCASTS'][{key!r}] must be a positive integer or None, "
+                            f"got {value!r}")  # fmt: skip
     return problems
 
 

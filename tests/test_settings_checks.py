@@ -33,6 +33,9 @@ from django_jobq.storage.redis.storage import RedisStorage
         ({"CELERY": {"ROUTES": {"proj.add": "bad queue"}}}, "ROUTES"),
         ({"CELERY": {"PREFETCH": 0}}, "PREFETCH"),
         ({"CELERY": {"RESULT_EXPRIES": 5}}, "unknown JOBQ['CELERY'] key"),
+        ({"BROADCASTS": {"maxlen": 0}}, "JOBQ['BROADCASTS']['maxlen']"),
+        ({"BROADCASTS": {"max_age": 1.5}}, "JOBQ['BROADCASTS']['max_age']"),
+        ({"BROADCASTS": {"max_len": 5}}, "unknown JOBQ['BROADCASTS'] key"),
     ],
 )
 @pytest.mark.django_db  # model checks (JSONField support) ask the database for its features

@@ -50,15 +50,7 @@ __all__ = [
     "subscribers",
 ]
 
-#: ``JOBQ["BROADCASTS"]``: retention of every broadcast (per broadcast: ``Broadcast(...)``
-#: arguments). ``maxlen`` messages at most, none older than ``max_age`` ms (None: unbounded).
-DEFAULTS: dict[str, Any] = {"maxlen": 100_000, "max_age": 7 * 24 * 3600 * 1000}
-
 SubscriberHandler = Callable[[Job], Any]
-
-
-def _settings() -> dict[str, Any]:
-    return {**DEFAULTS, **(jobq_settings().get("BROADCASTS") or {})}
 
 
 def _maxlen(value: object) -> int | None:
@@ -106,7 +98,7 @@ class Broadcast:
         self.storage = storage if storage is not None else get_storage()
         self.serde = get_serde(serde or conf["SERDE"])
         self.max_payload_bytes = max_payload_bytes or conf["MAX_PAYLOAD_BYTES"]
-        defaults = _settings()
+        defaults = conf["BROADCASTS"]
         self.retention = Retention(
             _maxlen(defaults["maxlen"] if maxlen == "default" else maxlen),
             _max_age(defaults["max_age"] if max_age == "default" else max_age),
