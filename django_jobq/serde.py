@@ -4,7 +4,10 @@ Every value a job carries passes ``dumps`` here, so this is the one place that r
 the rest of the system could not hold: NaN and infinities (JSON has no spelling for them,
 SQLite's ``JSON_VALID`` and PostgreSQL's ``jsonb`` reject them, and a REST reader would get a
 500) and nesting deeper than the interpreter can walk (a raw ``RecursionError`` otherwise).
-Both raise ``InvalidPayload`` before anything is stored.
+A dict key that is not a string is refused too: JSON turns ``1`` into ``"1"``, so
+``{1: "x", "1": "y"}`` would come back as ``{"1": "y"}``, a key lost with no error (msgpack
+would keep it, but the API, the admin and the mirror read every value as JSON). All three
+raise ``InvalidPayload`` before anything is stored.
 
 The job envelope lives here too: per-job settings that travel with the payload instead of in
 storage. Per-job timeouts, job flows and task functions need a little data beside the payload
@@ -50,11 +53,14 @@ class JSONSerde:
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return self._encoder.encode(value).encode()
+            body = self._encoder.encode(value).encode()
         except RecursionError:
             raise InvalidPayload(f"value is {_TOO_DEEP} to encode as JSON") from None
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"value is not JSON-serialisable: {exc}") from exc
+        if type(value) is not str:  # encoded, so the depth is walkable
+            _check_keys(value)
+        return body
 
     def loads(self, data: bytes) -> Any:
         try:
@@ -99,6 +105,7 @@ class MsgpackSerde:
         # succeeded, so the depth is within msgpack's limit.
         if (b"\xcb\x7f" in body or b"\xcb\xff" in body) and not _finite(value):
             raise InvalidPayload("value holds a NaN or infinite float (not storable as JSON)")
+        _check_keys(value)
         return body
 
     def loads(self, data: bytes) -> Any:
@@ -106,6 +113,33 @@ class MsgpackSerde:
             return self._msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise InvalidPayload(f"malformed msgpack: {exc}") from exc
+
+
+def _check_keys(value: Any) -> None:
+    """Refuse a dict key that is not a string, anywhere inside ``value`` (module docstring)."""
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise InvalidPayload(
+                    f"dict keys must be strings, got {type(key).__name__} key {key!r}: JSON "
+                    "would turn it into a string (and drop a key it then collides with)"
+                )
+            if type(item) in _CONTAINERS:
+                _check_keys(item)
+    elif type(value) in _CONTAINERS:
+        for item in value:
+            if type(item) in _CONTAINERS:
+                _check_keys(item)
+    elif isinstance(value, dict | list | tuple):  # subclasses: the slow, general walk
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        for key, item in items:
+            if isinstance(value, dict) and not isinstance(key, str):
+                raise InvalidPayload(f"dict keys must be strings, got {type(key).__name__} "
+                                     f"key {key!r}")  # fmt: skip
+            _check_keys(item)
+
+
+_CONTAINERS = frozenset({dict, list, tuple})
 
 
 def _finite(value: Any) -> bool:

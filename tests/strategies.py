@@ -85,7 +85,18 @@ scalars = (
 json_like = st.recursive(
     scalars,
     lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(odd_text(12), children, max_size=4)
+        st.lists(children, max_size=4)
+        | st.dictionaries(odd_text(12), children, max_size=4)
+        # Keys JSON would turn into strings: {1: "x", "1": "y"} read back as {"1": "y"}.
+        | st.dictionaries(
+            odd_text(3)
+            | st.integers(-2, 2)
+            | st.none()
+            | st.booleans()
+            | st.floats(allow_nan=False),
+            children,
+            max_size=4,
+        )
     ),
     max_leaves=12,
 )

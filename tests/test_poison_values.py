@@ -252,3 +252,18 @@ def test_progress_refusal_outside_a_worker_keeps_the_last_good_value():
         job.set_progress({"x": "\x00"})
     assert job.progress == 10
     assert job.set_progress("\\u0000 is text") is True  # an escaped backslash, not a NUL
+
+
+@pytest.mark.parametrize("serde", [JSONSerde(), MsgpackSerde()], ids=["json", "msgpack"])
+@pytest.mark.parametrize("bad", [{1: "x", "1": "y"}, [{"a": {None: 1}}], {"a": ({True: 2},)}])
+def test_a_dict_key_that_is_not_a_string_is_refused_not_folded_into_another(serde, bad):
+    """JSON writes ``1`` as ``"1"``: the pair would read back as ``{"1": "y"}``, a key lost
+    without an error."""
+    with pytest.raises(InvalidPayload, match="dict keys must be strings"):
+        serde.dumps(bad)
+
+
+def test_enqueue_refuses_a_payload_with_a_non_string_key(q):
+    with pytest.raises(InvalidPayload, match="dict keys must be strings"):
+        q.enqueue("poison", {"args": [{1: "x", "1": "y"}]})
+    assert_nothing_stored(q, "poison")
