@@ -190,6 +190,25 @@ def test_a_payload_naming_a_plain_callable_is_refused_without_calling_it(
     assert task_funcs.CALLS == []
 
 
+def test_a_payload_naming_a_module_is_refused_without_importing_it(tasks_on, worker, live_storage):
+    """Importing is executing: the path in a message (anyone allowed to enqueue chooses it) is
+    looked up among the tasks the project declared, never imported."""
+    import os
+    import sys
+
+    body = (b'{"task": "tests.side_effect_module.s", "backend": "default", "args": [], '
+            b'"kwargs": {}}')  # fmt: skip
+    live_storage.enqueue("default", NewJob("evil", body, JobOptions(max_attempts=3)))
+    worker()
+    assert wait_until(lambda: live_storage.get_record("default", "evil").state
+                      is JobState.FAILED)  # fmt: skip
+    assert "not a django.tasks Task this project declared" in str(
+        live_storage.get_record("default", "evil").error
+    )
+    assert "tests.side_effect_module" not in sys.modules
+    assert "JOBQ_TEST_SIDE_EFFECT_IMPORTED" not in os.environ
+
+
 def test_non_json_arguments_are_rejected_at_enqueue(tasks_on):
     with pytest.raises(InvalidTask):
         task_funcs.add.enqueue(object(), 1)

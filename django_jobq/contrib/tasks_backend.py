@@ -13,8 +13,13 @@ still use the Queue API where it needs more (ids, dedup, request/response).
 How a task runs: ``enqueue`` puts a job on the django_jobq queue named ``task.queue_name`` whose
 payload names the task by module path, with its JSON arguments. The backend registers
 ``run_task`` as the handler of each of its ``QUEUES``, so ``manage.py runworker`` serves them.
-``run_task`` only ever calls a ``django.tasks.Task`` of this backend alias: a payload naming any
-other importable callable fails permanently without calling it.
+``run_task`` only ever calls a ``django.tasks.Task`` the project declared on this backend alias,
+found by path in ``DECLARED`` (every ``Task`` passes ``validate_task`` when it is defined), never
+by importing the name a message gives: importing a module runs its code, and anyone who may
+enqueue (an enqueue-only API key) chooses that name. A worker that meets a path it has not
+seen imports the ``tasks`` module of each installed app once (Django's convention), then looks
+again; a task defined elsewhere must be imported by the project (``AppConfig.ready``, or the
+app's ``jobs`` module, which django_jobq autodiscovers). Anything else fails permanently.
 
 Mappings: Django priority −100…100 runs *higher* first, ours runs *lower* first, so ours is the
 negation. ``run_after`` becomes ``run_at``. The result id is ``"<queue>/<job id>"`` (our ids are
@@ -35,7 +40,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 
 from ..backend import get_storage
 from ..errors import JobQError, PermanentError
@@ -54,6 +59,9 @@ STATUS = {
     JobState.RETRYING: TaskResultStatus.READY,
 }
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
+#: Every Task defined on a JobQBackend in this process, by ``module_path`` (module docstring).
+DECLARED: dict[str, Task] = {}
+_discovered = False
 
 
 class JobQBackend(BaseTaskBackend):
@@ -70,6 +78,10 @@ class JobQBackend(BaseTaskBackend):
         self._queues: dict[str, Queue] = {}
         for name in self.queues:
             registry.register(name, run_task)  # a project handler on the queue: refused
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        DECLARED[task.module_path] = task
 
     def queue(self, name: str) -> Queue:
         q = self._queues.get(name)
@@ -141,12 +153,19 @@ class JobQBackend(BaseTaskBackend):
 
 def _task(payload: dict[str, Any], alias: str) -> Task:
     """The Task a payload names, refusing anything that is not a Task of this backend."""
+    global _discovered
     path = payload.get("task")
-    try:
-        obj = import_string(str(path))
-    except ImportError as exc:
-        raise PermanentError(f"task {path!r} cannot be imported") from exc
-    if not isinstance(obj, Task) or obj.backend != alias:
+    obj = DECLARED.get(path) if isinstance(path, str) else None
+    if obj is None and not _discovered:
+        _discovered = True
+        autodiscover_modules("tasks")  # the project's own modules, never the message's
+        obj = DECLARED.get(path) if isinstance(path, str) else None
+    if obj is None:
+        raise PermanentError(
+            f"{path!r} is not a django.tasks Task this project declared (tasks "
+            "are found among the ones imported, never imported by name)"
+        )
+    if obj.backend != alias:
         raise PermanentError(f"{path!r} is not a django.tasks Task of backend {alias!r}")
     return obj
 
