@@ -9,7 +9,9 @@ Keys are per credential: two clients choosing the same key never see each other'
 A claim is a lease (``JOBQ["API"]["IDEMPOTENCY_LEASE"]``, 30 s): a web process killed inside
 the request leaves its claim behind and never answers, and without a lease every retry would
 get 409 for the whole day the key lives. After the lease a retry takes the claim over and runs;
-the job id (given by the client, or the one the dead request stored) keeps that one job. The
+the job id keeps that one job: the client's, or the one generated for the request and stored
+in the claim *before* it runs (``fresh_ids``), so a retry of a request that died after its
+enqueue reuses the dead request's id and finds its job, instead of enqueueing a second one. The
 claim's ``created_at`` is its stamp: only the request holding the current stamp stores its
 answer, so a slow first request that lost its lease cannot overwrite the retry's."""
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -59,21 +62,27 @@ def _fingerprint(request: Request) -> str:
     return hashlib.sha256(f"{request.path}\n{body}".encode()).hexdigest()
 
 
-def idempotent(request: Request, run: Callable[[], Response]) -> Response:
-    """Answer ``request`` with ``run()``, or with the stored answer of its Idempotency-Key."""
+def idempotent(
+    request: Request, run: Callable[[list[str] | None], Response], fresh_ids: int = 0
+) -> Response:
+    """Answer ``request`` with ``run(ids)``, or with the stored answer of its Idempotency-Key.
+
+    ``ids``: ``fresh_ids`` job ids for the jobs the body leaves without one, the same on every
+    retry of the key (None without a key: the queue generates them as usual)."""
     key = request.headers.get(HEADER)
     if key is None:
-        return run()
+        return run(None)
     if not 1 <= len(key) <= 255 or not key.isprintable():
         raise ValidationError({HEADER: ["must be 1-255 printable characters"]})
     owner, fingerprint = _owner(request), _fingerprint(request)
-    claim = _claim(owner, key, fingerprint)
+    claim = _claim(owner, key, fingerprint, min(fresh_ids, MAX_FRESH_IDS))
     if isinstance(claim, Response):
         return claim
-    ours = IdempotencyRecord.objects.filter(owner=owner, key=key, created_at=claim,
+    stamp, ids = claim
+    ours = IdempotencyRecord.objects.filter(owner=owner, key=key, created_at=stamp,
                                             status_code=IN_FLIGHT)  # fmt: skip
     try:
-        response = run()
+        response = run(ids)
     except BaseException:
         ours.delete()
         raise
@@ -88,18 +97,32 @@ def lease() -> dt.timedelta:
     return dt.timedelta(seconds=jobq_settings()["API"]["IDEMPOTENCY_LEASE"])
 
 
-def _claim(owner: str, key: str, fingerprint: str) -> Response | dt.datetime:
-    """Claim the key (the claim's stamp: go ahead) or answer from what is stored under it."""
+#: A bulk enqueue takes at most 1,000 jobs (its serializer refuses more): no body makes the
+#: claim generate more ids than that.
+MAX_FRESH_IDS = 1000
+
+
+def new_ids(count: int) -> list[str]:
+    """Job ids as ``Queue.enqueue`` generates them (128 random bits, 32 hex characters)."""
+    return [os.urandom(16).hex() for _ in range(count)]
+
+
+def _claim(
+    owner: str, key: str, fingerprint: str, fresh_ids: int
+) -> Response | tuple[dt.datetime, list[str]]:
+    """Claim the key (its stamp and the request's generated ids: go ahead) or answer from
+    what is stored under it."""
     now = timezone.now()
     for _ in range(2):
+        ids = new_ids(fresh_ids)
         try:
             with transaction.atomic():
                 IdempotencyRecord.objects.create(
                     owner=owner, key=key, request_hash=fingerprint, status_code=IN_FLIGHT,
-                    response={}, created_at=now, expires_at=now + TTL,
+                    response={"ids": ids}, created_at=now, expires_at=now + TTL,
                 )  # fmt: skip
             _forget_expired(now)
-            return now
+            return now, ids
         except IntegrityError:
             row = IdempotencyRecord.objects.filter(owner=owner, key=key).first()
             if row is None:
@@ -108,7 +131,10 @@ def _claim(owner: str, key: str, fingerprint: str) -> Response | dt.datetime:
                 IdempotencyRecord.objects.filter(pk=row.pk).delete()
                 continue
             if _abandoned(row, fingerprint, now) and _take_over(row, now):
-                return now
+                stored = row.response.get("ids") if isinstance(row.response, dict) else None
+                if not isinstance(stored, list) or len(stored) != fresh_ids:
+                    stored = ids  # a claim written before ids were stored: nothing to reuse
+                return now, stored
             return _stored_answer(row, fingerprint)
     raise KeyInFlight()
 

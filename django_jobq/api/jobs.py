@@ -80,17 +80,22 @@ class EnqueueView(JobQView):
     def post(self, request: Request, queue: str) -> Response:
         q = get_queue(queue)
 
-        def run() -> Response:
+        def run(ids: list[str] | None) -> Response:
             data = EnqueueSerializer(data=request.data, context={"queue": q})
             data.is_valid(raise_exception=True)
             spec = enqueue_spec(data.validated_data)
-            result = q.enqueue(spec.pop("id", None), spec.pop("payload", None), **spec)
+            job_id = spec.pop("id", None) or (ids[0] if ids else None)
+            result = q.enqueue(job_id, spec.pop("payload", None), **spec)
             # pending: journal mode stored it in the database; Redis gets it on commit
             created = result.outcome in (EnqueueOutcome.QUEUED, EnqueueOutcome.PENDING)
             body = enqueue_body(q, result, may_read=may_read(request))
             return Response(body, status=201 if created else status.HTTP_200_OK)
 
-        return idempotent(request, run)
+        return idempotent(request, run, fresh_ids=0 if _has_id(request.data) else 1)
+
+
+def _has_id(item: object) -> bool:
+    return isinstance(item, dict) and bool(item.get("id"))
 
 
 class BulkEnqueueView(JobQView):
@@ -107,19 +112,22 @@ class BulkEnqueueView(JobQView):
         """Up to 1000 jobs; every item is validated before any is stored (all or nothing)."""
         q = get_queue(queue)
 
-        def run() -> Response:
+        def run(ids: list[str] | None) -> Response:
             data = BulkEnqueueSerializer(data=request.data, context={"queue": q})
             data.is_valid(raise_exception=True)
+            fresh = iter(ids or ())
             items = []
             for item in data.validated_data["jobs"]:
                 spec = enqueue_spec(item)
-                spec["id"] = spec.get("id")
+                spec["id"] = spec.get("id") or next(fresh, None)
                 items.append(spec)
             results = q.enqueue_many(items)
             reader = may_read(request)
             return Response({"results": [enqueue_body(q, r, may_read=reader) for r in results]})
 
-        return idempotent(request, run)
+        jobs = request.data.get("jobs") if isinstance(request.data, dict) else None
+        fresh = sum(not _has_id(j) for j in jobs) if isinstance(jobs, list) else 0
+        return idempotent(request, run, fresh_ids=fresh)
 
 
 class JobStatusView(JobQView):

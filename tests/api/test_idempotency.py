@@ -132,3 +132,50 @@ def test_the_lease_defaults_to_30_seconds(api):
     assert post(api, {"id": "dead-1", "payload": 1}, "k-10").status_code == 409
     claimed_ago(31, job_too=True)
     assert post(api, {"id": "dead-1", "payload": 1}, "k-10").status_code == 200
+
+
+# -- a request without ids that died after its enqueue ----------------------------------------
+
+
+def killed_after_the_enqueue(monkeypatch, api, url, body, key) -> None:
+    """Run the request, then put its key back as a web process SIGKILLed right after the
+    enqueue leaves it: the claim row as it was while the request ran, 31 s old."""
+    from django_jobq.queue.core import Queue
+
+    seen = {}
+    for name in ("enqueue", "enqueue_many"):
+        real = getattr(Queue, name)
+
+        def spy(self, *args, _real=real, **kwargs):
+            result = _real(self, *args, **kwargs)
+            seen["row"] = IdempotencyRecord.objects.values().get()  # what a kill leaves
+            return result
+
+        monkeypatch.setattr(Queue, name, spy)
+    assert api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY=key).status_code in (200, 201)
+    monkeypatch.undo()
+    row = seen["row"]
+    assert row["status_code"] == 0
+    IdempotencyRecord.objects.filter(pk=row["id"]).update(
+        status_code=0, response=row["response"],
+        created_at=row["created_at"] - dt.timedelta(seconds=31),
+    )  # fmt: skip
+
+
+def test_a_retry_after_a_dead_request_without_an_id_finds_its_job(api, settings, monkeypatch):
+    settings.JOBQ = {**settings.JOBQ, "API": {"IDEMPOTENCY_LEASE": 30}}
+    killed_after_the_enqueue(monkeypatch, api, URL, {"payload": {"n": 1}}, "k-dead")
+    retry = post(api, {"payload": {"n": 1}}, "k-dead")
+    assert retry.status_code == 200 and retry.json()["outcome"] == "duplicate"
+    assert get_queue("tests-echo").counts()["queued"] == 1
+
+
+def test_a_retry_of_a_dead_bulk_request_enqueues_nothing_twice(api, settings, monkeypatch):
+    settings.JOBQ = {**settings.JOBQ, "API": {"IDEMPOTENCY_LEASE": 30}}
+    url = "/jobq/queues/tests-echo/bulk/"
+    body = {"jobs": [{"payload": 1}, {"id": "mine", "payload": 2}, {"payload": 3}]}
+    killed_after_the_enqueue(monkeypatch, api, url, body, "b-dead")
+    retry = api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="b-dead")
+    assert [r["outcome"] for r in retry.json()["results"]] == ["duplicate"] * 3
+    assert retry.json()["results"][1]["id"] == "mine"
+    assert get_queue("tests-echo").counts()["queued"] == 3
