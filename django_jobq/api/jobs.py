@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -18,7 +18,7 @@ from ..queue.core import Queue, get_queue
 from ..states import TERMINAL_STATES
 from .base import Conflict, JobQView
 from .idempotency import HEADER, idempotent
-from .permissions import may_read
+from .permissions import may, may_read
 from .serializers import (
     ActionResultSerializer,
     BulkEnqueueSerializer,
@@ -54,7 +54,10 @@ def enqueue_body(queue: Queue, result: EnqueueResult, *, may_read: bool) -> dict
     """The answer to an enqueue. Re-enqueueing a known id answers with that job's state,
     result and error; a credential without ``read`` gets the outcome word only, or an
     enqueue-only key could read any job whose id it can guess."""
-    body = {"id": result.job_id, "queue": queue.name, "outcome": result.outcome.value,
+    outcome = result.outcome
+    if not may_read and outcome is EnqueueOutcome.COMPLETED:
+        outcome = EnqueueOutcome.DUPLICATE  # that the job finished is a read (docs/api.md)
+    body = {"id": result.job_id, "queue": queue.name, "outcome": outcome.value,
             "state": None, "result": None, "error": None}  # fmt: skip
     if may_read:
         body.update(state=result.state.value, result=result.result,
@@ -83,6 +86,7 @@ class EnqueueView(JobQView):
         def run(ids: list[str] | None) -> Response:
             data = EnqueueSerializer(data=request.data, context={"queue": q})
             data.is_valid(raise_exception=True)
+            refuse_updates(request, [data.validated_data])
             spec = enqueue_spec(data.validated_data)
             job_id = spec.pop("id", None) or (ids[0] if ids else None)
             result = q.enqueue(job_id, spec.pop("payload", None), **spec)
@@ -92,6 +96,21 @@ class EnqueueView(JobQView):
             return Response(body, status=201 if created else status.HTTP_200_OK)
 
         return idempotent(request, run, fresh_ids=0 if _has_id(request.data) else 1)
+
+
+#: Enqueue options that rewrite a job already waiting under the id: the change scope's work
+#: (``manage`` for a key), not an enqueue's, or an enqueue-only key could rewrite any waiting
+#: job whose id it can guess.
+UPDATES = ("update_data", "update_run_at", "update_max_attempts", "update_backoff",
+           "reset_counts")  # fmt: skip
+
+
+def refuse_updates(request: Request, items: list[dict[str, Any]]) -> None:
+    asked = sorted({name for item in items for name in UPDATES
+                    if item.get(name) not in (None, False, "no")})  # fmt: skip
+    if asked and not may(request, ops.CHANGE):
+        raise PermissionDenied(f"{', '.join(asked)}: rewriting a waiting job needs the change "
+                               "permission (an API key's manage action), not enqueue")  # fmt: skip
 
 
 def _has_id(item: object) -> bool:
@@ -115,6 +134,7 @@ class BulkEnqueueView(JobQView):
         def run(ids: list[str] | None) -> Response:
             data = BulkEnqueueSerializer(data=request.data, context={"queue": q})
             data.is_valid(raise_exception=True)
+            refuse_updates(request, data.validated_data["jobs"])
             fresh = iter(ids or ())
             items = []
             for item in data.validated_data["jobs"]:

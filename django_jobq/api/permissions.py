@@ -21,13 +21,19 @@ def request_key(request: Request) -> ApiKey | None:
     return request.auth if isinstance(request.auth, ApiKey) else None
 
 
-def may_read(request: Request) -> bool:
-    """Whether this credential may read jobs (the ``read`` action of a key, or the permission
-    the admin asks for viewing jobs)."""
+def may(request: Request, operation: str) -> bool:
+    """Whether this credential may perform ``operation`` (its key's action, or the permission
+    the admin asks for the same operation), for a view that needs more than its own
+    ``jobq_operation`` for some requests."""
     key = request_key(request)
     if key is None:
-        return user_may(request.user, READ)
-    return bool(key.allows_action(API_ACTIONS[READ]))
+        return user_may(request.user, operation)
+    return bool(key.allows_action(API_ACTIONS[operation]))
+
+
+def may_read(request: Request) -> bool:
+    """Whether this credential may read jobs (a re-enqueue answers with the job's state)."""
+    return may(request, READ)
 
 
 def allowed_queues(request: Request) -> set[str] | None:

@@ -44,12 +44,15 @@ def user_client(api_backend):
 # -- re-enqueueing a known id --------------------------------------------------------------------
 
 
-def test_an_enqueue_only_key_learns_the_outcome_word_only(finished, client_for):
+def test_an_enqueue_only_key_learns_that_the_id_is_taken_only(finished, client_for):
+    """Dedup by id must say whether the enqueue made a job (201 or 200): that much an
+    enqueue-only key learns. Whether the job finished is a read, so "completed" reads as
+    "duplicate" to it."""
     producer = client_for(actions=["enqueue"])
     done = producer.post(ECHO + "jobs/", {"id": "done", "payload": {"n": 1}}, format="json")
     broke = producer.post(FAIL + "jobs/", {"id": "broke"}, format="json")
     assert done.status_code == 200 and done.json() == {
-        "id": "done", "queue": "tests-echo", "outcome": "completed",
+        "id": "done", "queue": "tests-echo", "outcome": "duplicate",
         "state": None, "result": None, "error": None,
     }  # fmt: skip
     assert broke.json()["outcome"] == "duplicate"
@@ -60,8 +63,35 @@ def test_bulk_enqueue_without_read_hides_results_too(finished, client_for):
     producer = client_for(actions=["enqueue"])
     body = {"jobs": [{"id": "done"}, {"id": "new-one"}]}
     results = producer.post(ECHO + "bulk/", body, format="json").json()["results"]
-    assert [r["outcome"] for r in results] == ["completed", "queued"]
+    assert [r["outcome"] for r in results] == ["duplicate", "queued"]
     assert all(r["result"] is None and r["state"] is None for r in results)
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"update_data": True},
+        {"reset_counts": True},
+        {"update_run_at": "yes"},
+        {"update_max_attempts": True},
+    ],
+)
+@pytest.mark.parametrize("path", ["jobs/", "bulk/"])
+def test_an_enqueue_only_key_cannot_rewrite_a_waiting_job(api_backend, client_for, update, path):
+    queue = get_queue("tests-echo")
+    queue.enqueue("theirs", {"n": "original"})
+    producer = client_for(actions=["enqueue"])
+    item = {"id": "theirs", "payload": {"n": "rewritten"}, **update}
+    body = item if path == "jobs/" else {"jobs": [{"id": "fresh"}, item]}
+    response = producer.post(ECHO + path, body, format="json")
+    assert response.status_code == 403, response.json()
+    assert "change permission" in response.json()["detail"]
+    assert queue.get_payload("theirs") == {"n": "original"}
+    assert queue.get_status("fresh") is None  # the bulk is refused whole
+    manager = client_for(actions=["enqueue", "manage"])
+    assert manager.post(ECHO + path, body, format="json").status_code in (200, 201)
+    if "update_data" in update:
+        assert queue.get_payload("theirs") == {"n": "rewritten"}
 
 
 def test_a_key_with_read_gets_the_result_of_a_completed_duplicate(finished, client_for):
