@@ -161,10 +161,6 @@ def _declared(name: Any, spec: Any, where: str) -> Schedule:
             check_json_value(value, label)
         except JobQError as exc:
             raise _Invalid([f"{where}: {label}: {exc}"]) from None
-        if not _string_keys(value):
-            # JSON would turn 1 into "1": the row would differ from the declaration (and
-            # {1: .., "1": ..} would lose a value).
-            raise _Invalid([f"{where}: {label}: keys of JSON objects must be strings"])
     schedule = Schedule(
         name=name,
         queue=queue,
@@ -187,21 +183,6 @@ def _declared(name: Any, spec: Any, where: str) -> Schedule:
                 fields.setdefault(message, []).append(key)
         raise _Invalid([f"{where}: {', '.join(k)}: {m}" for m, k in fields.items()]) from None
     return schedule
-
-
-def _string_keys(value: Any) -> bool:
-    """Whether every dict inside ``value`` has only string keys. Iterative: a payload may be
-    nested as deep as the storage allows, deeper than Python's recursion limit."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if not all(isinstance(k, str) for k in item):
-                return False
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return True
 
 
 def _task_call(
