@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path, register_converter
+from django.views.decorators.csrf import csrf_exempt
 
 from . import require_drf
 
@@ -13,6 +14,7 @@ from . import broadcasts, dead, events, jobs, listing, operations, queues, schem
 from .converters import JobIdConverter, QueueNameConverter  # noqa: E402
 
 
+@csrf_exempt  # it changes nothing; without this a POST got Django's HTML CSRF page, not JSON
 def not_found(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"detail": "Not found."}, status=404)
 

@@ -153,3 +153,18 @@ def test_default_throttle_rate_applies_to_keys_without_their_own(api_backend, cl
     client = client_for()
     codes = [client.get("/jobq/queues/").status_code for _ in range(3)]
     assert codes == [200, 200, 429]
+
+
+@pytest.mark.parametrize("method", ["get", "post", "put", "delete"])
+@pytest.mark.parametrize("path", ["/jobq/nope/", "/jobq/queues/q/jobs", "/jobq/queues/q/nope/"])
+def test_an_unrouted_path_answers_the_json_404_whatever_the_method(db, method, path):
+    """Issue 36: a POST to a path no route takes got Django's HTML CSRF page (403)."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    if method == "get":
+        response = client.get(path)
+    else:
+        response = getattr(client, method)(path, "{}", content_type="application/json")
+    assert response.status_code == 404, response.content[:200]
+    assert response.json() == {"detail": "Not found."}
