@@ -99,7 +99,7 @@ def child() -> None:
     # records, and the rest of the writes (building rows, SQL, commits). Counted for the
     # batches that had events only (as the busy time): the reads that found nothing, the
     # mirror waiting up to ``block`` for the run to start or after it drained, are apart.
-    phases = dict.fromkeys(("stream_read", "records_read", "write", "ack_trim", "idle_read"), 0.0)
+    phases = dict.fromkeys(("stream_read", "records_read", "write", "ack", "idle_read"), 0.0)
     call: dict[str, float] = defaultdict(float)  # the phases of the run_once under way
 
     def timed_phase(name: str, fn: Any) -> Any:
@@ -116,8 +116,7 @@ def child() -> None:
     storage.read_group = timed_phase("stream_read", storage.read_group)
     storage.get_records = timed_phase("records_read", storage.get_records)
     mirror._write_jobs = timed_phase("write", mirror._write_jobs)  # type: ignore[method-assign]
-    storage.ack_events = timed_phase("ack_trim", storage.ack_events)
-    storage.trim_read_events = timed_phase("ack_trim", storage.trim_read_events)
+    storage.ack_events = timed_phase("ack", storage.ack_events)
     profile = os.environ.get("JOBQ_BENCH_MIRROR_PROFILE")
     with stopsignals.relayed(lambda _: mirror.stop(), [signal.SIGTERM]):
         if profile:  # --profile: where the mirror process spends its time (cProfile stats)

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from .errors import (
+    EventsLost,
     InvalidJobId,
     InvalidOption,
     InvalidPayload,
@@ -63,6 +64,7 @@ __all__ = [
     "PendingFailureCall",
     "PermanentError",
     "Queue",
+    "EventsLost",
     "QueueBusy",
     "Keep",
     "QueueLimits",

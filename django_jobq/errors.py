@@ -147,6 +147,20 @@ class QueueBusy(JobQError):
         super().__init__(f"queue {queue!r} has active jobs; pass force=True to obliterate it")
 
 
+class EventsLost(JobQError, LookupError):
+    """An event feed's position is gone: events after ``since`` were removed before they were
+    read (the stream's ``EVENTS_MAXLEN`` cap, the retention of their jobs, an obliterated
+    queue, a storage that lost its data). Raised instead of going on past a silent gap; to go
+    on anyway, read again from ``"0"`` (the oldest event kept) and resync what the gap hid."""
+
+    def __init__(self, queue: str, since: str) -> None:
+        self.queue, self.since = queue, since
+        super().__init__(
+            f"events of queue {queue!r} after {since!r} are no longer kept (some were removed "
+            "unread); resume from '0', the oldest kept, and resync what they would have told"
+        )
+
+
 class UnknownGroup(JobQError, LookupError):
     """A broadcast asked about a subscriber group it does not have."""
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
-from django_jobq.errors import InvalidOption
+from django_jobq.errors import EventsLost, InvalidOption
+from django_jobq.job import Keep, Retention
 from django_jobq.queue import Queue
+from django_jobq.storage.memory import MemoryStorage
 
 
 @pytest.fixture
@@ -83,3 +89,84 @@ def test_aevents_gives_the_same_events(q, live_storage):
 def test_bad_arguments_are_refused_before_reading(q, bad):
     with pytest.raises(InvalidOption):
         next(iter(q.events(**bad)), None)
+
+
+# -- a position that is gone: EventsLost, never a silent gap (issue 36) -------------------------
+
+
+def test_a_reader_of_an_obliterated_queue_is_told_its_events_are_gone(q, live_storage):
+    q.enqueue("a", 1)
+    q.enqueue("b", 2)
+    first, _ = list(q.events())
+    q.obliterate(force=True)
+    q.enqueue("c", 3)
+    with pytest.raises(EventsLost) as lost:
+        list(q.events(since=first.id))
+    assert (lost.value.queue, lost.value.since) == ("feed", first.id)
+    assert [e.job_id for e in q.events()] == ["c"]  # from "0": what is kept
+
+
+def test_a_database_reader_behind_the_retention_is_told(q, live_storage):
+    """The database keeps a job's events as long as its row: a row the retention removed
+    takes events a reader behind it has not read."""
+    if not hasattr(live_storage, "using"):
+        pytest.skip("Redis and memory keep events apart from their records")
+    q.set_retention(Retention(completed=Keep(count=1)))
+    q.enqueue("a", 1)
+    (start,) = q.events()
+    q.enqueue("b", 2)
+    run_one(live_storage)
+    run_one(live_storage)
+    live_storage.reap("feed")
+    with pytest.raises(EventsLost):
+        list(q.events(since=start.id))
+
+
+def lossy(backend, live_storage):
+    """The storage of ``backend`` with an event cap of 5 (Redis: trims whole nodes of 100)."""
+    if backend == "memory":
+        return MemoryStorage(events_maxlen=5)
+    if hasattr(live_storage, "using"):
+        pytest.skip("the database has no cap: its loss is the retention's (test above)")
+    live_storage.events_maxlen = 5
+    return live_storage
+
+
+def contiguous(seen: list[str], sent: list[str]) -> bool:
+    """Whether ``seen`` is one unbroken run of ``sent`` (the start may have been trimmed)."""
+    if not seen:
+        return True
+    k = sent.index(seen[0])
+    return seen == sent[k : k + len(seen)]
+
+
+@examples(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(steps=st.lists(st.tuples(st.integers(0, 160), st.integers(1, 60)), min_size=1, max_size=6))
+def test_a_feed_never_reads_past_a_gap(backend, live_storage, steps):
+    """Bursts of enqueues (some larger than the cap) between page reads of a reader: whatever
+    the cap trimmed, what the reader saw since it last started from "0" is one unbroken run
+    of what was sent, and a read to the end without ``EventsLost`` reaches the newest."""
+    storage = lossy(backend, live_storage)
+    queue = Queue(f"lossy-{uuid.uuid4().hex[:8]}", storage=storage)
+    sent: list[str] = []
+    seen: list[str] = []
+    position = "0"
+    for burst, page in steps:
+        new = [f"j{len(sent) + i}" for i in range(burst)]
+        if new:
+            queue.enqueue_many([(i, 0) for i in new])
+        sent += new
+        try:
+            events = storage.read_events(queue.name, position, count=page)
+        except EventsLost:
+            seen, position = [], "0"  # told: start again from the oldest kept
+            continue
+        seen += [e.job_id for e in events]
+        position = events[-1].id if events else position
+        assert contiguous(seen, sent), "a page skipped events"
+    try:
+        seen += [e.job_id for e in queue.events(since=position)]
+    except EventsLost:
+        return
+    assert contiguous(seen, sent) and (not sent or seen[-1:] == sent[-1:]), seen

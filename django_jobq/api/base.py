@@ -55,6 +55,11 @@ class PayloadTooLargeError(APIException):
     default_code = "payload_too_large"
 
 
+class LengthRequired(APIException):
+    status_code = status.HTTP_411_LENGTH_REQUIRED
+    default_code = "length_required"
+
+
 class Conflict(APIException):
     """A job is in the wrong state for the action; the body says which state it is in."""
 
@@ -104,11 +109,24 @@ def check_path(kwargs: dict[str, Any]) -> None:
                 raise NotFound(str(exc)) from None
 
 
-def check_body_size(request: Any) -> None:
-    """Refuse a body too big to parse before reading it. DRF parses JSON from the stream, where
-    Django's DATA_UPLOAD_MAX_MEMORY_SIZE is not applied, so the same bound is applied here
-    (raised to fit one payload of MAX_PAYLOAD_BYTES, for queues configured above it)."""
+def check_body(request: Any, required: bool) -> None:
+    """Refuse a body that would be read as nothing, or is too big to parse, before reading it.
+
+    Django and DRF read a request body by its ``Content-Length``: a chunked one without it
+    (``Transfer-Encoding: chunked``) is read as empty under WSGI and ASGI alike, and an empty
+    body would be an enqueue with a random id and no payload, the client's silently dropped.
+    So such a request is a 411, and an empty body where a view needs one (``body_required``)
+    a 400. DRF parses JSON from the stream, where Django's DATA_UPLOAD_MAX_MEMORY_SIZE is not
+    applied, so the same bound is applied here (raised to fit one payload of
+    MAX_PAYLOAD_BYTES, for queues configured above it)."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
+    if request.method in ("POST", "PUT", "PATCH") and declared == "0":
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            raise LengthRequired(
+                "send the body with a Content-Length: a chunked body is not read here"
+            )
+        if required:
+            raise ParseError("the request has no body: send the JSON document to store")
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if limit is None or not declared.isdigit():
         return
@@ -180,6 +198,8 @@ class JobQView(APIView):
     ``django_jobq.permissions``): the API key action and the Django permission it needs."""
 
     jobq_operation: str = ops.READ
+    # Whether a POST/PUT/PATCH must carry a body (an enqueue, a publish): an empty one is a 400.
+    body_required = False
     # The project's own authentication classes still apply; an API key is one more way in.
     authentication_classes = [ApiKeyAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     permission_classes = [JobQPermission]
@@ -192,7 +212,7 @@ class JobQView(APIView):
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         check_path(kwargs)
-        check_body_size(request)
+        check_body(request, self.body_required)
 
     def handle_exception(self, exc: Exception) -> Response:
         response = super().handle_exception(translate(exc))

@@ -123,6 +123,7 @@ class GroupStatusView(BroadcastView):
 
 class PublishView(BroadcastView):
     jobq_operation = ops.ENQUEUE
+    body_required = True
 
     @extend_schema(
         operation_id="broadcast_publish",

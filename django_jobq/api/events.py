@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -38,13 +38,17 @@ from rest_framework.request import Request
 from .. import permissions as ops
 from ..backend import get_storage
 from ..conf import configured_shards
+from ..errors import EventsLost
 from ..job import Event
+from ..models import ApiKey
+from ..permissions import API_ACTIONS, user_may
 from ..queue.events import KINDS, validate_kinds, validate_since
 from ..queue.sharded_events import MAX_CURSOR, MergedEvents, parse_cursor
 from ..storage.base import Storage
 from ..validation import partition_names
 from .base import JobQView
 from .jobs import ERRORS
+from .permissions import request_key
 
 logger = logging.getLogger("django_jobq.api")
 
@@ -52,6 +56,7 @@ RETRY_MS = 1000  # the reconnect delay a client is told to use (SSE "retry" fiel
 PAGE = 500  # events read per storage round trip
 POLL = 0.5  # seconds between polled reads while nothing happens (see Feed.polled)
 BLOCK = 1.0  # seconds one blocking read of Redis or memory waits at most
+RECHECK = 5.0  # seconds between checks that the stream's credential still may read the queue
 
 
 class EventStreamRenderer(renderers.BaseRenderer):
@@ -106,8 +111,10 @@ class Feed:
 
     def __init__(self, storage: Storage, queue: str, since: str, kinds: frozenset[str] | None,
                  timeout: float, heartbeat: float, *, asgi: bool = False,
-                 shards: int = 1) -> None:  # fmt: skip
+                 shards: int = 1, allowed: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
         self.storage, self.queue, self.cursor, self.kinds = storage, queue, since, kinds
+        self.allowed = allowed
+        self.next_check = time.monotonic() + RECHECK
         self.merged = (
             MergedEvents(storage, queue, partition_names(queue, shards)) if shards > 1 else None
         )
@@ -169,6 +176,30 @@ class Feed:
     def done(self) -> bool:
         return time.monotonic() >= self.deadline
 
+    def revoked(self) -> str:
+        """Every ``RECHECK`` seconds: an ``error`` message if the credential may no longer read
+        the queue (a key revoked or rescoped, a user deactivated or stripped of the
+        permission), which ends the stream; its reconnect is then refused. Else nothing."""
+        if time.monotonic() < self.next_check:
+            return ""
+        self.next_check = time.monotonic() + RECHECK
+        try:
+            if self.allowed():
+                return ""
+        finally:
+            close_connections()
+        body = json.dumps({"detail": "this credential may no longer read this queue"})
+        return f"event: error\ndata: {body}\n\n"
+
+    def lost(self, exc: EventsLost) -> str:
+        """The cursor's events are gone (trimmed, retention, obliterated): say so in a ``lost``
+        message, and go on from the oldest event kept. The message carries that new place
+        as its id, so a client that reconnects goes on from there too, not into the gap."""
+        logger.info("event stream of %s: %s", self.queue, exc)
+        self.cursor = "0"
+        body = json.dumps({"detail": str(exc), "since": exc.since, "queue": exc.queue})
+        return f"id: 0\nevent: lost\ndata: {body}\n\n"
+
     def failed(self, exc: Exception) -> str:
         """A storage error mid-stream: the status line is long sent, so the client is told in
         an ``error`` message, and the stream ends (it resumes from its last id)."""
@@ -180,8 +211,14 @@ class Feed:
         close_connections()  # what the middleware opened after the view (sessions)
         yield f"retry: {RETRY_MS}\n\n"
         while not self.done():
+            if refused := self.revoked():
+                yield refused
+                return
             try:
                 page = self.read()
+            except EventsLost as exc:
+                yield self.lost(exc)
+                continue
             except Exception as exc:
                 yield self.failed(exc)
                 break
@@ -198,8 +235,14 @@ class Feed:
         await sync_to_async(close_connections)()
         yield f"retry: {RETRY_MS}\n\n"
         while not self.done():
+            if refused := await sync_to_async(self.revoked)():
+                yield refused
+                return
             try:
                 page = await asyncio.to_thread(self.read)
+            except EventsLost as exc:
+                yield self.lost(exc)
+                continue
             except Exception as exc:
                 yield self.failed(exc)
                 break
@@ -210,6 +253,30 @@ class Feed:
             elif self.polled and len(page) < PAGE:
                 await asyncio.sleep(self.idle())
         yield self.end()
+
+
+def still_allowed(request: Request, queue: str) -> Callable[[], bool]:
+    """Whether the request's credential, read again from the database, may still read
+    ``queue``: a stream lasts minutes, and a revoked key must not go on reading."""
+    key = request_key(request)
+    if key is not None:
+        pk = key.pk
+
+        def key_allowed() -> bool:
+            fresh = ApiKey.objects.filter(pk=pk, revoked_at__isnull=True).first()
+            if fresh is None:
+                return False
+            return bool(fresh.allows_action(API_ACTIONS[ops.READ]) and fresh.allows_queue(queue))
+
+        return key_allowed
+    user_pk = request.user.pk
+    model = type(request.user)
+
+    def user_allowed() -> bool:
+        fresh = model._default_manager.filter(pk=user_pk, is_active=True).first()
+        return fresh is not None and user_may(fresh, ops.READ)
+
+    return user_allowed
 
 
 class EventStreamView(JobQView):
@@ -249,7 +316,7 @@ class EventStreamView(JobQView):
             raise serializers.ValidationError({"since/kinds": [str(exc)]}) from None
         asgi = isinstance(request._request, ASGIRequest)
         feed = Feed(get_storage(), queue, since, kinds, values["timeout"], values["heartbeat"],
-                    asgi=asgi, shards=shards)  # fmt: skip
+                    asgi=asgi, shards=shards, allowed=still_allowed(request, queue))  # fmt: skip
         response = StreamingHttpResponse(
             feed.astream() if asgi else feed.stream(), content_type="text/event-stream"
         )

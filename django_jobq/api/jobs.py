@@ -67,6 +67,7 @@ def enqueue_body(queue: Queue, result: EnqueueResult, *, may_read: bool) -> dict
 
 class EnqueueView(JobQView):
     jobq_operation = ops.ENQUEUE
+    body_required = True
 
     @extend_schema(
         operation_id="enqueue",
@@ -119,6 +120,7 @@ def _has_id(item: object) -> bool:
 
 class BulkEnqueueView(JobQView):
     jobq_operation = ops.ENQUEUE
+    body_required = True
 
     @extend_schema(
         operation_id="enqueue_bulk",

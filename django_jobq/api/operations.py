@@ -251,6 +251,7 @@ def _edits(data: Any, *, partial: bool) -> dict[str, Any]:
 
 class ScheduleCreateView(ScheduleListView):
     jobq_operation = ops.SCHEDULE_READ
+    body_required = True
 
     def get_permissions(self) -> list:
         self.jobq_operation = (

@@ -84,7 +84,6 @@ RECORD_ERRORS = (DataError, IntegrityError, ValueError, TypeError, OverflowError
 REJECT_ERROR_CHARS = 2000
 READ_AHEAD = 8  # a mirror that is behind reads up to this many batches at once
 CLAIM_COUNT = 1000  # entries claimed from a dead consumer per XAUTOCLAIM (its default count)
-TRIM_INTERVAL = 1.0  # seconds between trims of one queue's stream to what was acknowledged
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long resync
 FINAL_ROWS_KEPT = 200_000  # jobs remembered as written final (FinalRows: ~25 MB at most, measured)
 #: Kinds an event at the very millisecond a job finished may have and still be covered by its
@@ -233,7 +232,6 @@ class Mirror:
         self._workers_synced = 0.0
         self._server_id: str | None = None
         self._read_count = self.batch
-        self._trimmed: dict[str, float] = {}
         self._unsynced = False  # a lazy commit since the last durable one (_apply)
         self._durable = True  # whether the write being made is a read's last (_apply)
         self._stop = threading.Event()
@@ -378,7 +376,6 @@ class Mirror:
                 total += n
             if not self.check_gaps():
                 break
-        self._trim(self._queues, force=True)  # the last batches came within the interval
         return total
 
     def run(self) -> None:
@@ -443,7 +440,6 @@ class Mirror:
             by_queue[event.queue].append(event.id)
         for queue, ids in by_queue.items():
             self.storage.ack_events(queue, self.group, ids)
-        self._trim(list(by_queue))
 
     def _jobs_per_transaction(self) -> int:
         """SQLite: ``batch`` jobs, short transactions: its one write lock makes the project's
@@ -454,16 +450,6 @@ class Mirror:
         if connections[self.using].vendor == "postgresql":
             return READ_AHEAD * self.batch
         return self.batch
-
-    def _trim(self, queues: Sequence[str], force: bool = False) -> None:
-        """Drop what every group has acknowledged from the streams (at most once a second per
-        queue): while the mirror keeps up, a stream holds about its backlog, and the
-        ``EVENTS_MAXLEN`` cap is reached only by a mirror that is down or far behind."""
-        now = time.monotonic()
-        for queue in queues:
-            if force or now - self._trimmed.get(queue, 0.0) >= TRIM_INTERVAL:
-                self._trimmed[queue] = now
-                self.storage.trim_read_events(queue)
 
     def _bisect(
         self, jobs: list[tuple[tuple[str, str], Any]], write: Callable[[list], None]

@@ -11,6 +11,7 @@ from .broadcasts import BroadcastDelivery, BroadcastGroup, BroadcastLog, Broadca
 from .jobs import (
     ClaimLog,
     DedupKey,
+    EventFloor,
     FailureCall,
     Job,
     JobEvent,

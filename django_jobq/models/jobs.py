@@ -192,6 +192,19 @@ class JobEvent(models.Model):
         return f"{self.job_id} {self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
+class EventFloor(models.Model):
+    """Per queue (database backend), the newest event id deleted so far, with its job
+    (retention, expiry, purge, obliterate): a feed reader positioned before it may have lost
+    events, and is told so (``EventsLost``) instead of reading on past the gap. Kept when the
+    queue is obliterated, so a reader of the old queue is told too."""
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    gone = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.queue}: events up to {self.gone} may be gone"
+
+
 class WorkerInfo(models.Model):
     worker_id = models.CharField(max_length=128, unique=True)
     host = models.CharField(max_length=255, blank=True, default="")

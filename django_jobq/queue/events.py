@@ -3,9 +3,10 @@
 Every backend already records each job's transitions in order (the Redis stream the mirror
 reads, the database's ``JobEvent`` rows, the memory backend's deque): this reads that record
 for users who react to outcomes elsewhere. Delivery is at-least-once from the caller's side:
-keep the id of the last event handled and pass it back as ``since`` to resume after it; an
-event older than what the backend keeps (Redis: ``EVENTS_MAXLEN`` per queue; database: until
-``RETENTION_DAYS`` purges its job) is gone.
+keep the id of the last event handled and pass it back as ``since`` to resume after it. What a
+backend keeps is bounded (Redis and memory: ``EVENTS_MAXLEN`` per queue; database: as long as
+the job's row); a position whose following events were removed unread raises ``EventsLost``
+from the storage read, so a feed never goes on past a gap.
 """
 
 from __future__ import annotations

@@ -497,7 +497,9 @@ class Storage(abc.ABC):
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
-        """Events after id ``after`` in order, optionally blocking ``block`` seconds for one."""
+        """Events after id ``after`` in order, optionally blocking ``block`` seconds for one.
+        Raises ``EventsLost`` when events after ``after`` were removed before this read (never
+        for ``"0"``, the oldest kept): a feed must not read on past a gap."""
 
     def read_events_many(
         self, after: dict[str, str], count: int = 1000, block: float | None = None

@@ -299,3 +299,55 @@ def test_a_sharded_queue_streams_its_partitions_merged_and_resumes_by_cursor(sha
             finally:
                 refused.close()
             assert refused.status == 400 and "since" in body, (bad, refused.status, body)
+
+
+def test_a_stream_says_lost_events_and_stops_when_its_key_is_revoked(server, backend):
+    """Issue 36: a cursor whose events are gone gets a ``lost`` message (then the oldest kept
+    events), not a silent jump; a stream whose key is revoked ends with an error message."""
+    from django_jobq.api.keys import revoke
+    from django_jobq.models import ApiKey
+
+    created, key = create_key("sse-lost", queues=(QUEUE,), actions=("read",))
+    q = Queue(QUEUE)
+    q.enqueue("old", {})
+    q.enqueue("unread", {})  # gone with the queue before the stream read it
+    old, _ = q.events()
+    q.obliterate(force=True)
+    q.enqueue("new", {})
+    stream = Stream(server, f"/jobq/queues/{QUEUE}/events/?heartbeat=0.2&timeout=120", key,
+                    **{"Last-Event-ID": old.id})  # fmt: skip
+    seen: list[dict[str, str]] = []
+    try:
+        assert events_until(stream, lambda s: len(queued(s)) == 2, seen)
+        lost, new = queued(seen)
+        assert (lost["event"], lost["id"], json.loads(lost["data"])["since"]) == (
+            "lost",
+            "0",
+            old.id,
+        )
+        assert json.loads(new["data"])["job_id"] == "new"
+        revoke(ApiKey.objects.get(pk=created.pk))
+        # The stream ends by itself within a recheck, with an error message as its last.
+        rest = list(stream.messages())
+    finally:
+        stream.close()
+    errors = [m for m in rest if m.get("event") == "error"]
+    assert errors and "no longer" in json.loads(errors[-1]["data"])["detail"], rest
+
+
+def test_a_chunked_enqueue_over_a_real_server_is_refused_not_stored_blank(server, backend):
+    """Issue 36, as a client sends it: ``Transfer-Encoding: chunked`` through runserver and
+    uvicorn was read as an empty body, and the enqueue stored a blank job."""
+    key = create_key("chunked", queues=(QUEUE,), actions=("enqueue", "read"))[1]
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=60)
+    try:
+        body = iter([b'{"id": "mine", ', b'"payload": {"x": 1}}'])
+        conn.request("POST", f"/jobq/queues/{QUEUE}/jobs/", body=body, encode_chunked=True,
+                     headers={"Authorization": f"Api-Key {key}",
+                              "Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 411 and "Content-Length" in answer["detail"], answer
+    assert Queue(QUEUE).counts().get("queued", 0) == 0

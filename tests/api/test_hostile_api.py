@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 
 from django_jobq.queue import get_queue
+from django_jobq.states import JobState
 
 from ..strategies import (
     Built,
@@ -112,3 +113,29 @@ def test_a_stored_non_finite_value_reads_back_spelled_not_as_a_500(api):
         body = json.loads(response.content, parse_constant=pytest.fail)  # strict JSON
         assert body["state"] == "completed"
     assert body["value"] == {"v": ["NaN", "Infinity", "-Infinity", 1.5]}
+
+
+# -- a body that would be read as nothing (issue 36) -------------------------------------------
+
+BODY_PATHS = (
+    ("/jobq/queues/{q}/jobs/", {"id": "mine", "payload": {"x": 1}}),
+    ("/jobq/queues/{q}/bulk/", {"jobs": [{"id": "mine", "payload": {"x": 1}}]}),
+    ("/jobq/broadcasts/{q}/publish/", {"payload": {"x": 1}}),
+)
+
+
+@pytest.mark.parametrize(("path", "body"), BODY_PATHS)
+def test_a_chunked_body_is_411_and_an_empty_one_400_never_a_blank_enqueue(api, path, body):
+    """Django reads a body by its Content-Length: a chunked one without it was read as
+    empty, and the enqueue stored a random id with a null payload (runserver and uvicorn)."""
+    queue = f"hostile-{uuid.uuid4().hex[:10]}"
+    url = path.format(q=queue)
+    text = json.dumps(body)
+    chunked = api.post(url, text, content_type="application/json", CONTENT_LENGTH="",
+                       HTTP_TRANSFER_ENCODING="chunked")  # fmt: skip
+    assert chunked.status_code == 411, chunked.content
+    assert "Content-Length" in chunked.json()["detail"]
+    empty = api.post(url, "", content_type="application/json")
+    assert empty.status_code == 400 and "no body" in empty.json()["detail"], empty.content
+    assert get_queue(queue).counts().get(JobState.QUEUED, 0) == 0, "refused, yet enqueued"
+    assert api.post(url, text, content_type="application/json").status_code in (200, 201, 202)

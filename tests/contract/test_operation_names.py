@@ -73,8 +73,8 @@ OPERATIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "get_retention": (),
     },
     "events": {
-        "read_events": (),
-        "read_events_many": (),
+        "read_events": ("events",),
+        "read_events_many": ("events",),
     },
     "failures": {
         "set_failure_hook": (),

@@ -172,7 +172,7 @@ class DatabaseCore(Storage):
         prepare: bool | str | None = "auto",
         handler_names: Callable[[str], str] | None = None,
     ) -> None:
-        from ...models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
+        from ...models import ClaimLog, DedupKey, EventFloor, Job, JobEvent, QueueConfig, WorkerInfo
         from ...models import FailureCall as FailureCallRow
 
         prepare = "auto" if prepare is None else prepare  # None: the default
@@ -192,6 +192,7 @@ class DatabaseCore(Storage):
         )  # fmt: skip
         self.DedupKey, self.ClaimLog = DedupKey, ClaimLog
         self.FailureCallRow = FailureCallRow
+        self.EventFloor = EventFloor
         self._wal_checked = False
 
     @property
@@ -302,7 +303,7 @@ class DatabaseCore(Storage):
     def _existing(self, queue: str, job_id: str, now: int) -> Any:
         row = self._locked_row(queue, job_id)
         if row is not None and row.expires_at is not None and _ms(row.expires_at) <= now:
-            row.delete()  # its TTL passed: the id is free again
+            self._delete_rows([row.pk])  # its TTL passed: the id is free again
             return None
         return row
 
@@ -325,4 +326,16 @@ class DatabaseCore(Storage):
             f"DELETE FROM {self._quoted(self.DedupKey)} WHERE job_id IN ({marks})", pks, fetch=False
         )
         self._sql(f"DELETE FROM {self._table} WHERE id IN ({marks})", pks, fetch=False)
-        self._sql(f"DELETE FROM {self._event_table} WHERE job_id IN ({marks})", pks, fetch=False)
+        self._forget_events(f"job_id IN ({marks})", pks)
+
+    def _forget_events(self, where: str, params: Sequence[Any]) -> None:
+        """Delete the events ``where`` selects, first raising each queue's ``EventFloor`` to
+        the newest of them: in this transaction, so a feed reader sees both or neither."""
+        table = self._event_table
+        tops = self._sql(f"SELECT queue, MAX(id) FROM {table} WHERE {where} GROUP BY queue", params)
+        floors = self.EventFloor.objects.using(self.using)
+        for queue, top in tops:
+            floors.bulk_create([self.EventFloor(queue=queue, gone=top)], ignore_conflicts=True)
+            floors.filter(queue=queue, gone__lt=top).update(gone=top)
+        if tops:
+            self._sql(f"DELETE FROM {table} WHERE {where}", params, fetch=False)

@@ -127,7 +127,7 @@ class Enqueue(BulkInsert):
         existing = {row.job_id: row for row in qs}
         expired = [r.pk for r in existing.values() if r.expires_at and _ms(r.expires_at) <= now]
         if expired:  # their TTL passed: the ids are free again
-            self._jobs().filter(pk__in=expired).delete()
+            self._delete_rows(expired)
             existing = {k: r for k, r in existing.items() if r.pk not in expired}
         fresh: dict[str, NewJob] = {}
         for job in jobs:

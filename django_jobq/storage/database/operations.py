@@ -335,11 +335,10 @@ class Operations(ClaimAck):
             self._sql(f"DELETE FROM {self._table} WHERE queue = %s", [queue], fetch=False)
             # The events of the rows gone, after them (see ``_delete_rows``); a job enqueued
             # meanwhile keeps its row and its event.
-            self._sql(
-                f"DELETE FROM {self._event_table} WHERE queue = %s AND NOT EXISTS "
+            self._forget_events(
+                f"queue = %s AND NOT EXISTS "
                 f"(SELECT 1 FROM {self._table} j WHERE j.id = {self._event_table}.job_id)",
                 [queue],
-                fetch=False,
             )
             self._configs().filter(name=queue).delete()
             return removed

@@ -102,6 +102,7 @@ class Retaining(Operations):
             )]  # fmt: skip
         for chunk in _chunks(gone):
             marks = ", ".join(["%s"] * len(chunk))
-            for table in (self._quoted(self.DedupKey), self._event_table):
-                self._sql(f"DELETE FROM {table} WHERE job_id IN ({marks})", chunk, fetch=False)
+            dedup = self._quoted(self.DedupKey)
+            self._sql(f"DELETE FROM {dedup} WHERE job_id IN ({marks})", chunk, fetch=False)
+            self._forget_events(f"job_id IN ({marks})", chunk)
         return len(gone)

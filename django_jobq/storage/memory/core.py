@@ -64,6 +64,12 @@ class _Key:
     until: int | None  # held while now < until (None: until the holder finishes)
 
 
+def _event_key(event_id: str) -> tuple[int, int]:
+    """An event id ``<ms>-<seq>`` (or ``<ms>``) as a sortable pair, as Redis orders them."""
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 @dataclass(slots=True)
 class _Queue:
     jobs: dict[str, _Rec] = field(default_factory=dict)
@@ -72,6 +78,9 @@ class _Queue:
     scheduled: list[tuple[int, int, str]] = field(default_factory=list)  # (run_at, version, id)
     active: dict[str, _Rec] = field(default_factory=dict)
     events: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    # The newest event id gone from ``events`` (dropped by the cap, or of the queue this one
+    # replaced after an obliterate): a reader positioned before it lost events.
+    events_gone: tuple[int, int] = (0, 0)
     seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     finished: dict[str, int] = field(default_factory=lambda: {"completed": 0, "failed": 0})
     keys: dict[str, _Key] = field(default_factory=dict)
@@ -144,6 +153,7 @@ class MemoryCore(Storage):
         self._events_maxlen = events_maxlen
         self._cond = threading.Condition()
         self._queues: dict[str, _Queue] = {}
+        self._events_gone: dict[str, tuple[int, int]] = {}  # of obliterated queues
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
         self._event_seq = itertools.count(1)
         self._versions = itertools.count(1)
@@ -156,13 +166,16 @@ class MemoryCore(Storage):
 
     def _q(self, name: str) -> _Queue:
         if (q := self._queues.get(name)) is None:
-            q = self._queues[name] = _Queue(events=deque(maxlen=self._events_maxlen))
+            q = self._queues[name] = _Queue(
+                events=deque(maxlen=self._events_maxlen),
+                events_gone=self._events_gone.get(name, (0, 0)),
+            )
         return q
 
     def _peek(self, name: str) -> _Queue:
         """The queue, or an empty stand-in that is not stored: reads and refused writes must
         not bring a queue into existence (``list_queues``, ``obliterate``)."""
-        return self._queues.get(name) or _Queue()
+        return self._queues.get(name) or _Queue(events_gone=self._events_gone.get(name, (0, 0)))
 
     def _live(self, q: _Queue, job_id: str, now: int) -> _Rec | None:
         rec = q.jobs.get(job_id)
@@ -179,6 +192,8 @@ class MemoryCore(Storage):
 
     def _event(self, queue: str, q: _Queue, rec: _Rec, kind: str, now: int) -> None:
         event_id = f"{now}-{next(self._event_seq)}"
+        if len(q.events) == q.events.maxlen:
+            q.events_gone = _event_key(q.events[0].id)
         q.events.append(Event(event_id, queue, rec.job_id, kind, now, rec.worker))
 
     def _index_queued(self, q: _Queue, rec: _Rec) -> None:

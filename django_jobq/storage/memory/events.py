@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import time
 
+from ...errors import EventsLost
 from ...job import Event
-from .core import MemoryCore
-
-
-def _event_key(event_id: str) -> tuple[int, int]:
-    ms, _, seq = event_id.partition("-")
-    return int(ms), int(seq or 0)
+from .core import MemoryCore, _event_key
 
 
 class Events(MemoryCore):
@@ -27,6 +23,9 @@ class Events(MemoryCore):
         floors = {queue: _event_key(position) for queue, position in after.items()}
         deadline = time.monotonic() + (block or 0)
         with self._cond:
+            for queue, floor in floors.items():
+                if floor > (0, 0) and self._peek(queue).events_gone > floor:
+                    raise EventsLost(queue, after[queue])
             while True:
                 out = {
                     queue: [e for e in self._peek(queue).events if _event_key(e.id) > floor][:count]

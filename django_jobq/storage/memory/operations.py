@@ -20,7 +20,7 @@ from ...states import TERMINAL_STATES, JobState
 from ..base import WorkerRecord
 from .broadcast import MemoryBroadcasts
 from .claim import ClaimAck
-from .core import WAITING, _Queue, _Rec, _step
+from .core import WAITING, _event_key, _Queue, _Rec, _step
 
 
 class Operations(ClaimAck):
@@ -238,6 +238,8 @@ class Operations(ClaimAck):
             if q.active and not force:
                 raise QueueBusy(queue)
             removed = sum(1 for r in q.jobs.values() if r.expires_at is None or r.expires_at > now)
+            if q.events:  # a reader of the old events is told they are gone
+                self._events_gone[queue] = _event_key(q.events[-1].id)
             del self._queues[queue]
             self._cond.notify_all()
             return removed

@@ -147,30 +147,27 @@ class ClusterRedisStorage(RedisStorage, serves_cluster=True):
                         events.append(_event(queue, event_id, fields))
         return events
 
-    def read_events_many(
-        self, after: dict[str, str], count: int = 1000, block: float | None = None
-    ) -> dict[str, list[Event]]:
-        """One ``XREAD`` per slot (a sharded queue's partitions are in slots of their own);
-        blocking, those reads wait at once and end together (``_Waits``), so no slot is
-        polled."""
+    def _kept_events(self, after: dict[str, str], count: int) -> dict[str, list[Event]]:
+        """One checked read per slot (a sharded queue's partitions are in slots of their
+        own): the ``events`` script takes only keys of one slot."""
+        by_key = {self.keys(q).events: q for q in after}
+        out: dict[str, list[Event]] = {}
+        for keys in self._by_slot(list(by_key)).values():
+            queues = [by_key[k] for k in keys]
+            reply = self.scripts.call("events", keys, [count, *(after[q] for q in queues)])
+            out.update(self._checked(after, queues, reply))
+        return out
+
+    def _wait_events(self, after: dict[str, str], wait: float) -> None:
+        """One ``XREAD`` per slot, waiting at once and ended together (``_Waits``)."""
         by_key = {self.keys(q).events: q for q in after}
         groups = list(self._by_slot(list(by_key)).values())
         if len(groups) == 1:
-            return super().read_events_many(after, count, block)
-        wait = min(block, _storage.MAX_BLOCK_SECONDS) if block else None
-
-        def command(keys: list[str]) -> tuple[Any, ...]:
-            blocking = ("BLOCK", int(wait * 1000)) if wait else ()
-            ids = [after[by_key[k]] for k in keys]
-            return ("XREAD", "COUNT", count, *blocking, "STREAMS", *keys, *ids)
-
-        # what is there now: the cluster client routes each read and follows MOVED itself
-        now = [self.client.xread({k: after[by_key[k]] for k in g}, count=count) for g in groups]
-        found = self._stream_events(after, by_key, now)
-        if any(found.values()) or not wait:
-            return found
-        replies = self._waits.run(self.client, wait, [(g[0], command(g)) for g in groups])
-        return self._stream_events(after, by_key, replies)
+            super()._wait_events(after, wait)
+            return
+        commands = [(g[0], ("XREAD", "COUNT", 1, "BLOCK", int(wait * 1000), "STREAMS", *g,
+                            *(after[by_key[k]] for k in g))) for g in groups]  # fmt: skip
+        self._waits.run(self.client, wait, commands)
 
     def server_id(self) -> str:
         """Every master's ``run_id`` (sorted, hashed): a restart of any of them may have lost

@@ -49,7 +49,7 @@ def _read(name: str) -> str:
 NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "complete", "complete_many", "fail",
     "release", "postpone", "cancel", "change", "reap", "drain", "clean", "control", "retry",
-    "report", "onfail_claim", "onfail_settle", "records", "retain", "unwait",
+    "report", "onfail_claim", "onfail_settle", "records", "retain", "unwait", "events",
 )  # fmt: skip
 SOURCES: dict[str, str] = {name: _read(name) for name in NAMES}
 SHAS: dict[str, str] = {

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...errors import QueueBusy, StorageFull, StorageUnavailable
+from ...errors import EventsLost, QueueBusy, StorageFull, StorageUnavailable
 from ...job import (
     LOG_LINES,
     PARKED_FLOOR,
@@ -1002,47 +1002,44 @@ class RedisStorage(Storage):
     def read_events(
         self, queue: str, after: str = "0", count: int = 1000, block: float | None = None
     ) -> list[Event]:
-        key = self.keys(queue).events
-        if not block:
-            reply = self.client.xread({key: after}, count=count)
-        else:
-            wait = min(block, MAX_BLOCK_SECONDS)
-            reply = blocking_command(
-                self.client, wait, "XREAD", "COUNT", count, "BLOCK", int(wait * 1000),
-                "STREAMS", key, after,
-            )  # fmt: skip
-        return [
-            _event(queue, eid, fields)
-            for _stream, entries in reply or []
-            for eid, fields in entries
-        ]
+        return self.read_events_many({queue: after}, count, block)[queue]
 
     def read_events_many(
         self, after: dict[str, str], count: int = 1000, block: float | None = None
     ) -> dict[str, list[Event]]:
-        """One ``XREAD`` over every queue's stream (blocking: one wait over them all)."""
-        by_key = {self.keys(q).events: q for q in after}
-        streams = ["STREAMS", *by_key, *after.values()]
-        if not block:
-            reply = self.client.execute_command("XREAD", "COUNT", count, *streams)
-        else:
-            wait = min(block, MAX_BLOCK_SECONDS)
-            reply = blocking_command(
-                self.client, wait, "XREAD", "COUNT", count, "BLOCK", int(wait * 1000), *streams
-            )
-        return self._stream_events(after, by_key, [reply])
+        """Each stream's entries after its position, read with the check that the position is
+        still kept (``events.lua``: ``EventsLost`` instead of a silent gap). Blocking, one
+        ``XREAD`` over every stream waits for an entry, then the checked read runs again."""
+        found = self._kept_events(after, count)
+        if any(found.values()) or not block:
+            return found
+        self._wait_events(after, min(block, MAX_BLOCK_SECONDS))
+        return self._kept_events(after, count)
+
+    def _kept_events(self, after: dict[str, str], count: int) -> dict[str, list[Event]]:
+        queues = list(after)
+        keys = [self.keys(q).events for q in queues]
+        reply = self.scripts.call("events", keys, [count, *after.values()])
+        return self._checked(after, queues, reply)
 
     @staticmethod
-    def _stream_events(
-        after: dict[str, str], by_key: dict[str, str], replies: list[Any]
+    def _checked(
+        after: dict[str, str], queues: list[str], reply: list[Any]
     ) -> dict[str, list[Event]]:
-        """XREAD replies (each a list of [stream, entries], or None) as events per queue."""
-        out: dict[str, list[Event]] = {q: [] for q in after}
-        for reply in replies:
-            for stream, entries in reply or []:
-                queue = by_key[_s(stream)]
-                out[queue] += [_event(queue, eid, fields) for eid, fields in entries]
+        """The ``events`` script's reply as events per queue; a lost position raises."""
+        out: dict[str, list[Event]] = {}
+        for queue, (lost, entries) in zip(queues, reply, strict=True):
+            if lost:
+                raise EventsLost(queue, after[queue])
+            out[queue] = [_flat_event(queue, eid, fields) for eid, fields in entries]
         return out
+
+    def _wait_events(self, after: dict[str, str], wait: float) -> None:
+        """Block until some stream has an entry after its position (or ``wait`` passes)."""
+        streams = ["STREAMS", *(self.keys(q).events for q in after), *after.values()]
+        blocking_command(
+            self.client, wait, "XREAD", "COUNT", 1, "BLOCK", int(wait * 1000), *streams
+        )
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -1207,6 +1204,7 @@ class RedisStorage(Storage):
         args = ["obliterate", 1 if force else 0]
         if self.scripts.call("control", [k.config, k.wake, k.active], args) == -1:
             raise QueueBusy(queue)
+        last_event, _added = self.stream_position(queue)
         job_prefix = k.job_prefix.encode()
         config = k.config.encode()
         removed = 0
@@ -1226,6 +1224,13 @@ class RedisStorage(Storage):
                 removed += flush()
         removed += flush()
         pipe = self.client.pipeline(transaction=False)
+        if last_event != "0-0":
+            # An empty stream that remembers it had entries: a feed reader positioned in the
+            # old one is told its events are gone (``events.lua``) instead of reading the new
+            # queue's as if nothing had happened between.
+            ms, seq = _stream_id(last_event)
+            pipe.xadd(k.events, {"obliterated": "1"}, id=f"{ms}-{seq + 1}", maxlen=0,
+                      approximate=False)  # fmt: skip
         pipe.delete(k.config)
         pipe.srem(self.global_keys.queues, queue)
         pipe.execute()
@@ -1398,38 +1403,6 @@ class RedisStorage(Storage):
             if not stale:
                 return
             self.client.xack(key, group, *[p["message_id"] for p in stale])
-
-    def trim_read_events(self, queue: str) -> int:
-        """Trim the queue's stream below the oldest entry some consumer group has not
-        acknowledged (``XTRIM MINID ~``); returns the entries removed.
-
-        This, not ``EVENTS_MAXLEN``, is what bounds the stream while the mirror keeps up: an
-        entry goes once every group is done with it, never before. The cap on ``XADD`` stays
-        as a safety net for a mirror that is down or far behind; what it trims unread is a
-        gap the mirror finds and resyncs. A stream without groups (no mirror) is left to the
-        cap. The bound is read before the trim, and a group's bound only moves forward, so a
-        stale one trims less, never too much."""
-        key = self.keys(queue).events
-        try:
-            groups = self.client.xinfo_groups(key)
-        except Exception as exc:
-            if "no such key" in str(exc).lower():
-                return 0
-            raise
-        if not groups:
-            return 0
-        bounds = []
-        for g in groups:
-            if g["pending"]:
-                summary = self.client.xpending(key, _s(g["name"]))
-                if summary["pending"]:
-                    bounds.append(_stream_id(_s(summary["min"])))
-                    continue
-            bounds.append(_stream_id(_s(g["last-delivered-id"])))
-        low = min(bounds)
-        if low <= (0, 0):
-            return 0
-        return int(self.client.xtrim(key, minid=f"{low[0]}-{low[1]}", approximate=True))
 
     def record_mirror_gap(self, queue: str, gap: dict[str, Any]) -> None:
         """Keep the mirror's latest gap of ``queue`` (when, why, rows re-read) where health
