@@ -161,3 +161,25 @@ def test_jobs_failed_back_to_back_list_newest_first(setup):
         claimed = queue.storage.claim(Q, "w", 1, 5000).jobs[0]
         queue.storage.fail(Q, claimed.job_id, claimed.token, b'{"type": "E", "message": ""}')
     assert [d.job_id for d in queue.dead_letters(limit=100)] == ids[::-1]
+
+
+def test_counts_count_jobs_not_finishes_and_include_cancelled(live_storage):
+    """Issue 36: one job failed, retried by an operator and failed again three times read
+    `failed: 4` on Redis (1 on the database); no backend counted cancelled jobs."""
+    q = Queue("counted", storage=live_storage)
+    q.enqueue("bad", {}, max_attempts=1)
+    for round_ in range(4):
+        (job,) = live_storage.claim("counted", "w", 1, 60_000).jobs
+        live_storage.fail("counted", job.job_id, job.token, b'{"message": "no"}', permanent=True)
+        if round_ < 3:
+            assert q.retry("bad") is RetryOutcome.RETRIED
+    q.enqueue("good", {})
+    (job,) = live_storage.claim("counted", "w", 1, 60_000).jobs
+    live_storage.complete("counted", job.job_id, job.token, b"1")
+    q.enqueue("dropped", {})
+    assert q.cancel("dropped") == "cancelled"
+    counts = q.counts()
+    finals = {s: counts[s] for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)}
+    assert finals == {JobState.COMPLETED: 1, JobState.FAILED: 1, JobState.CANCELLED: 1}
+    assert q.retry("dropped") is RetryOutcome.RETRIED  # a cancelled job run again
+    assert q.counts()[JobState.CANCELLED] == 0 and q.counts()[JobState.QUEUED] == 1

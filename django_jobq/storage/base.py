@@ -484,7 +484,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def counts(self, queue: str) -> dict[JobState, int]:
         """Jobs per live state (scheduled, queued, active, retrying, blocked: the number of
-        singleton successors) and finished totals (completed, failed)."""
+        singleton successors) and per final state (completed, failed, cancelled).
+
+        A final state counts jobs, not finishes: a job an operator retried leaves its count, so
+        one failed three times over is one failed job. The database counts the rows it holds;
+        Redis and memory count jobs that reached the state (Redis drops an expired record
+        without telling, so records past their result TTL or retention stay counted there)."""
 
     def oldest_queued(self, queue: str) -> int | None:
         """Epoch ms since when the job first in line has been runnable (the later of its

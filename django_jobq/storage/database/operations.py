@@ -209,7 +209,7 @@ class Operations(ClaimAck):
     def counts(self, queue: str) -> dict[JobState, int]:
         out = dict.fromkeys(
             (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING,
-             JobState.BLOCKED, JobState.COMPLETED, JobState.FAILED), 0
+             JobState.BLOCKED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED), 0
         )  # fmt: skip
         rows = self._jobs().filter(queue=queue).order_by().values("state").annotate(n=Count("id"))
         for row in rows:

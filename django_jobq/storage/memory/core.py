@@ -82,7 +82,9 @@ class _Queue:
     # replaced after an obliterate): a reader positioned before it lost events.
     events_gone: tuple[int, int] = (0, 0)
     seq: itertools.count = field(default_factory=lambda: itertools.count(1))
-    finished: dict[str, int] = field(default_factory=lambda: {"completed": 0, "failed": 0})
+    finished: dict[str, int] = field(
+        default_factory=lambda: {"completed": 0, "failed": 0, "cancelled": 0}
+    )
     keys: dict[str, _Key] = field(default_factory=dict)
     paused: bool = False
     hold_until: int = 0  # queue-wide postponement: no claims before this time
@@ -227,7 +229,7 @@ class MemoryCore(Storage):
         rec.expires_at = now + rec.options.result_ttl
         rec.version = next(self._versions)
         q.active.pop(rec.job_id, None)
-        if state in (JobState.COMPLETED, JobState.FAILED):
+        if state.value in q.finished:
             q.finished[state.value] += 1
 
     def _keep(self, queue: str, q: _Queue, rec: _Rec, now: int) -> None:

@@ -81,6 +81,8 @@ class Operations(ClaimAck):
         if key is not None and key.rec is rec and key.mode is DedupMode.SIMPLE:
             del q.keys[rec.dedup_key or ""]  # freed when it ended; a retry does not retake it
         q.kept.get(rec.state.value, {}).pop(rec.job_id, None)
+        # The job leaves its final state's count: counts() counts jobs, not finishes.
+        q.finished[rec.state.value] = max(0, q.finished[rec.state.value] - 1)
         rec.attempts = rec.stalls = 0
         rec.error = rec.result = rec.progress = None
         rec.cancel = ""
@@ -165,6 +167,7 @@ class Operations(ClaimAck):
                 out[JobState.BLOCKED] += 1
         out[JobState.COMPLETED] = q.finished["completed"]
         out[JobState.FAILED] = q.finished["failed"]
+        out[JobState.CANCELLED] = q.finished["cancelled"]
         return out
 
     def oldest_queued(self, queue: str) -> int | None:

@@ -791,7 +791,7 @@ class RedisStorage(Storage):
         k = self.keys(queue)
         raw = self.scripts.call(
             "retry",
-            [k.job(job_id), k.queued, k.dead, k.wake, k.events, k.finished_prefix],
+            [k.job(job_id), k.queued, k.dead, k.wake, k.events, k.finished_prefix, k.stats],
             [self._now_arg(), self.events_maxlen, job_id],
         )
         return RetryOutcome(_s(raw))
@@ -975,8 +975,10 @@ class RedisStorage(Storage):
         pipe.zcard(k.active)
         pipe.zcard(k.scheduled)
         pipe.scard(k.blocked)
-        pipe.hmget(k.stats, "retrying", "completed", "failed")
-        queued, active, scheduled, blocked, (retrying, completed, failed) = pipe.execute()
+        pipe.hmget(k.stats, "retrying", "completed", "failed", "cancelled")
+        queued, active, scheduled, blocked, (retrying, completed, failed, cancelled) = (
+            pipe.execute()
+        )
         retrying = _i(retrying)
         return {
             JobState.SCHEDULED: scheduled - retrying,
@@ -986,6 +988,7 @@ class RedisStorage(Storage):
             JobState.BLOCKED: blocked,
             JobState.COMPLETED: _i(completed),
             JobState.FAILED: _i(failed),
+            JobState.CANCELLED: _i(cancelled),
         }
 
     def oldest_queued(self, queue: str) -> int | None:
@@ -1009,7 +1012,10 @@ class RedisStorage(Storage):
     ) -> dict[str, list[Event]]:
         """Each stream's entries after its position, read with the check that the position is
         still kept (``events.lua``: ``EventsLost`` instead of a silent gap). Blocking, one
-        ``XREAD`` over every stream waits for an entry, then the checked read runs again."""
+        ``XREAD`` over every stream waits for an entry, then the checked read runs again.
+        A position ``$`` (internal callers: what comes from now on) is the stream's newest id
+        as this call starts."""
+        after = {q: self.stream_position(q)[0] if a == "$" else a for q, a in after.items()}
         found = self._kept_events(after, count)
         if any(found.values()) or not block:
             return found

@@ -6,6 +6,8 @@ KEYS[3] dead    ZSET (the dead-letter list)
 KEYS[4] wake    LIST
 KEYS[5] events  STREAM
 KEYS[6] finished-index prefix (retention): the record leaves its state's index
+KEYS[7] stats   HASH: the job leaves its final state's count (counts() counts jobs, not
+        finishes: a job failed, retried and failed again is one failed job)
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -36,6 +38,9 @@ redis.call('HDEL', job_key, 'error', 'result', 'finished', 'run_at', 'progress',
 redis.call('ZADD', queued_key, queued_score(f[2], f[3], f[4]), id)
 redis.call('ZREM', dead_key, id)
 redis.call('ZREM', KEYS[6] .. state, id)
+if tonumber(redis.call('HGET', KEYS[7], state) or '0') > 0 then
+  redis.call('HINCRBY', KEYS[7], state, -1)
+end
 emit(events_key, ARGV[2], id, 'retried', now)
 wake(wake_key)
 return 'retried'

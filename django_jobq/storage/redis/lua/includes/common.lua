@@ -95,7 +95,7 @@ local function finish_read(job_key, done_key, stats_key, state, body, now, ttl, 
   end
   ttl = tonumber(ttl)
   redis.call('PEXPIRE', job_key, ttl)
-  if state ~= 'cancelled' then redis.call('HINCRBY', stats_key, state, 1) end
+  redis.call('HINCRBY', stats_key, state, 1)
   if waiters > 0 then
     local message = state .. '\n' .. (body or '')
     for _ = 1, waiters do redis.call('RPUSH', done_key, message) end
