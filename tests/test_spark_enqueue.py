@@ -10,7 +10,7 @@ from django.conf import settings
 from pyspark.sql import types as T
 
 from django_jobq.contrib.spark import EnqueueCounts, enqueue_dataframe
-from django_jobq.errors import InvalidOption
+from django_jobq.errors import InvalidOption, InvalidPayload
 from django_jobq.states import JobState
 
 from .spark_queues import redis_queue
@@ -93,3 +93,21 @@ def test_enqueue_dataframe_refuses_columns_without_json_form(spark, make_queue):
         enqueue_dataframe(df, QUEUE, "order_id", ["missing"], make_queue=make_queue)
     with pytest.raises(InvalidOption, match="unknown job option"):
         enqueue_dataframe(df, QUEUE, "order_id", [], options={"colour": 1}, make_queue=make_queue)
+
+
+def test_enqueue_dataframe_refuses_a_nan_row_before_sending_anything(spark, make_queue):
+    """Issue 36: a NaN cell raised InvalidPayload inside foreachPartition after the batches
+    before it were stored; now every row is built (validated) before the first is sent."""
+    schema = T.StructType([T.StructField("order_id", T.StringType()),
+                           T.StructField("score", T.DoubleType()),
+                           T.StructField("nested", T.ArrayType(T.DoubleType()))])  # fmt: skip
+    rows = [(f"order-{i}", float(i), [1.0]) for i in range(40)]
+    rows[33] = ("order-33", 1.0, [float("inf")])
+    rows[37] = ("order-37", float("nan"), [])
+    df = spark.createDataFrame(rows, schema).coalesce(1)  # one partition: the order is kept
+
+    with pytest.raises(InvalidPayload, match="order-33") as refused:
+        enqueue_dataframe(df, QUEUE, "order_id", make_queue=make_queue, batch=2)
+
+    assert "order-37" in str(refused.value) and "nothing enqueued" in str(refused.value)
+    assert sum(make_queue(QUEUE).counts().values()) == 0

@@ -9,6 +9,14 @@ Why it is safe to retry: every job carries the id from ``id_col``, and the queue
 ids. A task that Spark re-runs after a failure, or a whole call repeated after a crash, finds the
 jobs already stored and counts them as duplicates; none is stored twice.
 
+Why nothing is sent until every row is known to be accepted: a row the queue refuses (a NaN or
+an infinity in a float column, a NUL in a string, a payload over ``MAX_PAYLOAD_BYTES``) would
+otherwise fail its task after the batches before it were stored, leaving a partial enqueue. So
+a first pass builds every job on the executors with the queue's own validation
+(``Queue.build``), nothing stored, and the call refuses the DataFrame, naming the first rows
+and why, when one fails; only then does the second pass send. The price is reading the
+DataFrame twice (``df.cache()`` first when it is expensive to compute).
+
 Why counts are exact under task retries: they are accumulators updated inside an action
 (``foreachPartition``), and Spark applies each task's updates once, however often it ran.
 """
@@ -17,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ...errors import InvalidOption
+from ...errors import InvalidOption, InvalidPayload, JobQError
 from ...queue.core import Queue, get_queue
 from ...validation import validate_queue_name
 
@@ -127,6 +135,27 @@ def _send(queue: Queue, batch: list[dict[str, Any]], accumulators: Mapping[str, 
             accumulators[outcome].add(n)
 
 
+def _refused_rows(
+    rows: Iterable[Any],
+    *,
+    queue_name: str,
+    id_col: str,
+    payload_cols: Sequence[str],
+    options: Mapping[str, Any],
+    make_queue: Callable[[str], Queue] | None,
+    settings_module: str | None,
+) -> Iterator[tuple[str, str]]:
+    """(id, why) of each row of the partition the queue would refuse; stores nothing."""
+    _setup_django(settings_module)
+    queue = (make_queue or get_queue)(queue_name)
+    for row in rows:
+        values = row.asDict(recursive=True)
+        try:
+            queue.build(values[id_col], {c: values[c] for c in payload_cols}, **options)
+        except JobQError as exc:
+            yield values[id_col], str(exc)
+
+
 def _enqueue_partition(
     rows: Iterable[Any],
     *,
@@ -183,6 +212,8 @@ def enqueue_dataframe(
     Raises:
         InvalidOption: a missing column, a payload type without JSON form, an invalid id or
             option; nothing has been enqueued then.
+        InvalidPayload: a row whose payload the queue refuses (NaN or infinity, NUL, too
+            large), named with its id; nothing has been enqueued then.
     """
     validate_queue_name(queue)
     if batch < 1:
@@ -194,19 +225,19 @@ def enqueue_dataframe(
     opts = dict(options or {})
     (make_queue or get_queue)(queue).build("probe", None, **opts)  # options valid? no write
     _check_ids(df, id_col)
+    rows = df.select(id_col, *cols)
+    common: dict[str, Any] = {
+        "queue_name": queue, "id_col": id_col, "payload_cols": cols, "options": opts,
+        "make_queue": make_queue,
+        "settings_module": settings_module or os.environ.get("DJANGO_SETTINGS_MODULE"),
+    }  # fmt: skip
+    refused = rows.rdd.mapPartitions(functools.partial(_refused_rows, **common)).take(5)
+    if refused:
+        listed = "; ".join(f"{job_id!r}: {why}" for job_id, why in refused)
+        raise InvalidPayload(f"rows the queue refuses, nothing enqueued (e.g. {listed})")
     sc = df.sparkSession.sparkContext
     accumulators = {outcome: sc.accumulator(0) for outcome in OUTCOMES}
-    df.select(id_col, *cols).foreachPartition(
-        functools.partial(
-            _enqueue_partition,
-            queue_name=queue,
-            id_col=id_col,
-            payload_cols=cols,
-            options=opts,
-            batch=batch,
-            make_queue=make_queue,
-            settings_module=settings_module or os.environ.get("DJANGO_SETTINGS_MODULE"),
-            accumulators=accumulators,
-        )  # fmt: skip
+    rows.foreachPartition(
+        functools.partial(_enqueue_partition, batch=batch, accumulators=accumulators, **common)
     )
     return EnqueueCounts(**{outcome: acc.value for outcome, acc in accumulators.items()})
