@@ -9,6 +9,7 @@ construction, is ``backend.py``'s.
 
 from __future__ import annotations
 
+import re
 from importlib import import_module
 from typing import Any
 
@@ -121,6 +122,12 @@ DEFAULTS: dict[str, Any] = {
         # (file paths, code lines and library versions stay with the operators; the admin
         # still shows them to staff).
         "TRACEBACKS": False,
+        # Failed API-key authentications allowed per client address ("n/period", DRF's rate
+        # form); past it the address gets 429 until the window passes, so keys cannot be
+        # guessed at the server's speed. "" or None: unlimited.
+        "FAILED_AUTH_RATE": "30/min",
+        # Anonymous GET health per client address; a credential's requests are not counted.
+        "HEALTH_RATE": "120/min",
     },
     # Periodic schedules declared in code, synced to Schedule rows by the reaper and
     # jobq_schedules --sync (docs/schedules.md): {"name": {"task": ..., "cron": ...}, ...}.
@@ -388,6 +395,15 @@ def _check_api(api: dict[str, Any]) -> list[str]:
         problems.append(
             f"JOBQ['API']['TRACEBACKS'] must be True or False, got {api['TRACEBACKS']!r}"
         )
+    for name in ("FAILED_AUTH_RATE", "HEALTH_RATE"):
+        rate = api[name]
+        if rate not in ("", None) and not (
+            isinstance(rate, str) and re.fullmatch(r"[1-9][0-9]*/(s|m|h|d)[a-z]*", rate)
+        ):
+            problems.append(
+                f"JOBQ['API']['{name}'] must be a rate such as \"30/min\" (or \"\" for "
+                f"none), got {rate!r}"
+            )
     return problems
 
 

@@ -36,6 +36,8 @@ from django_jobq.storage.redis.storage import RedisStorage
         ({"BROADCASTS": {"maxlen": 0}}, "JOBQ['BROADCASTS']['maxlen']"),
         ({"BROADCASTS": {"max_age": 1.5}}, "JOBQ['BROADCASTS']['max_age']"),
         ({"BROADCASTS": {"max_len": 5}}, "unknown JOBQ['BROADCASTS'] key"),
+        ({"API": {"FAILED_AUTH_RATE": "lots"}}, "JOBQ['API']['FAILED_AUTH_RATE']"),
+        ({"API": {"FAILED_AUTH_RATE": 30}}, "JOBQ['API']['FAILED_AUTH_RATE']"),
     ],
 )
 @pytest.mark.django_db  # model checks (JSONField support) ask the database for its features

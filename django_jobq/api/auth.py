@@ -11,7 +11,9 @@ from django.contrib.auth.models import AnonymousUser
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
+from rest_framework.throttling import SimpleRateThrottle
 
+from ..conf import jobq_settings
 from ..models import ApiKey
 from .keys import find_key, touch
 
@@ -37,15 +39,53 @@ class ApiKeyUser(AnonymousUser):
         return f"api-key:{self.key.prefix}"
 
 
+class FailedAuthentications(SimpleRateThrottle):
+    """Failed key authentications per client address (``JOBQ["API"]["FAILED_AUTH_RATE"]``).
+
+    DRF throttles only after authentication, and a wrong key fails authentication, so wrong
+    keys were never throttled: anyone could try keys at the server's speed. This counts the
+    failures in the cache (as DRF's throttles do) and refuses an address over the rate before
+    its key is even looked up."""
+
+    scope = "jobq-auth-failures"
+
+    def __init__(self) -> None:
+        rate = jobq_settings()["API"]["FAILED_AUTH_RATE"]
+        self.rate = rate or None
+        self.num_requests, self.duration = self.parse_rate(self.rate)  # type: ignore[assignment]
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+    def check(self, request: Request) -> None:
+        """Raise ``Throttled`` while this address is over the rate of failures."""
+        if self.rate is None:
+            return
+        self.key = self.get_cache_key(request, None)
+        self.now = self.timer()
+        self.history = [t for t in self.cache.get(self.key, []) if t > self.now - self.duration]
+        if len(self.history) >= self.num_requests:
+            raise exceptions.Throttled(self.wait(), "too many failed API-key authentications")
+
+    def failed(self) -> None:
+        if self.rate is not None:
+            self.history.insert(0, self.now)
+            self.cache.set(self.key, self.history, self.duration)
+
+
 class ApiKeyAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[Any, ApiKey] | None:
         parts = get_authorization_header(request).split()
         if not parts or parts[0].decode(errors="replace").lower() != KEYWORD.lower():
             return None  # not ours: let the next authentication class try
+        failures = FailedAuthentications()
+        failures.check(request)
         if len(parts) != 2:
+            failures.failed()
             raise exceptions.AuthenticationFailed("Api-Key header needs exactly one key")
         key = find_key(parts[1].decode(errors="replace"))
         if key is None:
+            failures.failed()
             raise exceptions.AuthenticationFailed("unknown or revoked API key")
         touch(key)
         return ApiKeyUser(key), key

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -17,6 +19,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from .. import permissions as ops
@@ -33,7 +36,7 @@ from ..validation import logical_name
 from .base import STORAGE_ERRORS, Conflict, JobQView
 from .jobs import ERRORS, enqueue_body
 from .listing import rows_alias
-from .permissions import allowed_queues, may_read, may_see_queue
+from .permissions import allowed_queues, may, may_read, may_see_queue
 from .queues import known_queues, physical_queues
 from .serializers import (
     EnqueueResultSerializer,
@@ -173,17 +176,27 @@ def redis_memory(storage: Storage) -> dict[str, Any] | None:
     return None if memory is None else memory()
 
 
-def health_report() -> tuple[dict[str, Any], bool]:
+def health_report(visible: Callable[[list[str]], list[str]] | None = None
+                  ) -> tuple[dict[str, Any], bool]:  # fmt: skip
+    """The health answer. ``visible`` (the queues a credential may see, from all of them): the
+    full report, per queue; None (an anonymous caller, a load balancer): only what costs no
+    work per queue and names nothing, status, workers and the number of queues."""
     storage = get_storage()
     conf = jobq_settings()
     report: dict[str, Any] = {
         "status": "ok", "backend": conf["BACKEND"], "storage_reachable": True, "workers": None,
-        "queues": [], "mirror_lag_seconds": None, "mirror_backlog_events": None,
-        "mirror_rejected": None, "mirror_gaps": None, "mirror_sampled": None, "memory": None,
+        "queue_count": None, "queues": None, "mirror_lag_seconds": None,
+        "mirror_backlog_events": None, "mirror_rejected": None, "mirror_gaps": None,
+        "mirror_sampled": None, "memory": None,
     }  # fmt: skip
     try:
-        queues, physical = known_queues(), physical_queues()
         report["workers"] = len(storage.list_workers())
+        if visible is None:
+            report["queue_count"] = len(known_queues())
+            return report, True
+        queues, physical = visible(known_queues()), physical_queues()
+        physical = [name for name in physical if logical_name(name) in set(queues)]
+        report["queue_count"], report["queues"] = len(queues), []
         alias = rows_alias()
         ages: dict[str, float] = {}
         for name, age in oldest_waiting(storage, alias, physical).items():
@@ -212,20 +225,45 @@ def health_report() -> tuple[dict[str, Any], bool]:
     return report, True
 
 
-class HealthView(APIView):
-    """No authentication: load balancers and monitors call it. It names queues and counts,
-    never a job, a payload or a result."""
+class HealthThrottle(SimpleRateThrottle):
+    """Anonymous health checks per client address (``JOBQ["API"]["HEALTH_RATE"]``): a
+    monitor polls every few seconds; anything faster is load, not monitoring."""
 
-    authentication_classes: list = []
+    scope = "jobq-health"
+
+    def __init__(self) -> None:
+        self.rate = jobq_settings()["API"]["HEALTH_RATE"] or None
+        self.num_requests, self.duration = self.parse_rate(self.rate)  # type: ignore[assignment]
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        if self.rate is None or request.user.is_authenticated:
+            return None  # not throttled here: a credential has its own throttle
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class HealthView(APIView):
+    """No credential needed: load balancers and monitors call it, and get the status, the
+    workers and the number of queues, at a cost that does not grow with the queues and naming
+    none. A credential that may read queues gets the full report on the queues it may see
+    (waiting, age, paused; the mirror's lag, gaps and samples; Redis memory). Never a job, a
+    payload or a result."""
+
+    authentication_classes = JobQView.authentication_classes
     permission_classes = [AllowAny]
-    throttle_classes: list = []
+    throttle_classes = [HealthThrottle]
     schema = AutoSchema()
 
     @extend_schema(operation_id="health", responses={200: HealthSerializer,
                                                      503: HealthSerializer})  # fmt: skip
     def get(self, request: Request) -> Response:
-        report, ok = health_report()
+        reader = request.user.is_authenticated and may(request, ops.READ)
+        report, ok = health_report(partial(visible_of, request) if reader else None)
         return Response(HealthSerializer(report).data, status=200 if ok else 503)
+
+
+def visible_of(request: Request, names: list[str]) -> list[str]:
+    allowed = allowed_queues(request)
+    return [name for name in names if allowed is None or name in allowed]
 
 
 # -- editing schedules --------------------------------------------------------------------------

@@ -310,7 +310,14 @@ class HealthSerializer(serializers.Serializer):
     backend = serializers.CharField()
     storage_reachable = serializers.BooleanField()
     workers = serializers.IntegerField(allow_null=True)
-    queues = HealthQueueSerializer(many=True)
+    queue_count = serializers.IntegerField(
+        allow_null=True, help_text="queues known (of those the credential may see)"
+    )
+    queues = HealthQueueSerializer(
+        many=True, allow_null=True,
+        help_text="per queue; null without a credential that may read queues (as every field "
+        "below: an anonymous check costs nothing per queue and names none)",
+    )  # fmt: skip
     mirror_lag_seconds = serializers.FloatField(
         allow_null=True,
         help_text="age of the oldest event not yet written to the models, 0 when none (Redis only)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from ..errors import EventsLost
 from ..job import JobResult
 from ..queue.core import Queue
 from ..states import TERMINAL_STATES
@@ -34,7 +35,13 @@ def wait_for_result(queue: Queue, job_id: str, timeout: float) -> JobResult | No
         # Never under 10 ms: Redis reads a block of 0 ms as "forever".
         block = max(min(remaining, SLICE), 0.01)
         if follow_events:
-            events = queue.storage.read_events(queue.name, after=cursor, count=500, block=block)
+            try:
+                events = queue.storage.read_events(queue.name, after=cursor, count=500,
+                                                   block=block)  # fmt: skip
+            except EventsLost:  # a burst trimmed past our place: look at the job, go on
+                cursor, events = "$", []
+                result = queue.get_result(job_id)
+                continue
             if events:
                 cursor = events[-1].id
                 if all(e.job_id != job_id for e in events):

@@ -168,3 +168,26 @@ def test_an_unrouted_path_answers_the_json_404_whatever_the_method(db, method, p
         response = getattr(client, method)(path, "{}", content_type="application/json")
     assert response.status_code == 404, response.content[:200]
     assert response.json() == {"detail": "Not found."}
+
+
+def test_wrong_keys_are_throttled_per_address_then_even_a_right_key_waits(
+    api_backend, make_key, settings
+):
+    """Issue 36: a wrong key failed authentication, and DRF throttles only after it, so keys
+    could be guessed at the server's speed."""
+    from rest_framework.test import APIClient
+
+    settings.JOBQ = {**settings.JOBQ, "API": {"FAILED_AUTH_RATE": "5/min"}}
+    good = make_key()
+    client = APIClient()
+    for i in range(5):
+        client.credentials(HTTP_AUTHORIZATION=f"Api-Key jobq_guess_{i}")
+        assert client.get("/jobq/queues/").status_code == 401
+    client.credentials(HTTP_AUTHORIZATION="Api-Key jobq_guess_6")
+    refused = client.get("/jobq/queues/")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0, refused.content
+    client.credentials(HTTP_AUTHORIZATION=f"Api-Key {good}")
+    assert client.get("/jobq/queues/").status_code == 429  # the address waits out its window
+    other = APIClient(REMOTE_ADDR="10.1.2.3")  # another address is not held back
+    other.credentials(HTTP_AUTHORIZATION=f"Api-Key {good}")
+    assert other.get("/jobq/queues/").status_code == 200

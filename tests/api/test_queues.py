@@ -133,3 +133,27 @@ def test_editing_schedules_needs_manage_on_their_queue(api_backend, client_for):
     assert other.delete("/jobq/schedules/nightly/").status_code == 404
     assert client_for(actions=["read"]).delete("/jobq/schedules/nightly/").status_code == 403
     assert Schedule.objects.get(name="nightly").enabled
+
+
+def test_the_queue_list_comes_in_pages_that_link_to_the_next(api):
+    """Issue 36: the list was unpaginated (16.8 s at 3,000 queues, no answer at 10,000)."""
+    names = [f"paged-{i:02}" for i in range(7)]
+    for name in names:
+        get_queue(name).enqueue("x")
+    seen: list[str] = []
+    url = "/jobq/queues/?limit=3"
+    pages = 0
+    while url:
+        response = api.get(url)
+        assert response.status_code == 200
+        page = [q["name"] for q in response.json()]
+        assert len(page) <= 3 and page == sorted(page)
+        seen += page
+        total = int(response["X-Total-Count"])
+        link = response.get("Link")
+        url = link[link.index("/jobq/") : link.index(">")] if link else ""
+        pages += 1
+    assert pages >= 3 and len(seen) == total == len(set(seen))
+    assert [n for n in seen if n.startswith("paged-")] == names
+    assert api.get("/jobq/queues/?limit=0").status_code == 400
+    assert api.get("/jobq/queues/?limit=501").status_code == 400

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...backend import get_storage
 from ...conf import jobq_settings
+from ...errors import EventsLost
 from ...storage.base import Storage
 from ...tasks.registry import handler_name, registry
 from ...validation import logical_name
@@ -240,7 +241,10 @@ class StorageCollector:
                 rows.filter(queue=name).exclude(stream_id="").order_by("-id")
                 .values_list("stream_id", flat=True).first()
             )  # fmt: skip
-            pending = storage.read_events(name, after=last or "0", count=1)
+            try:
+                pending = storage.read_events(name, after=last or "0", count=1)
+            except EventsLost:  # the last row's event was trimmed: the oldest kept is behind
+                pending = storage.read_events(name, after="0", count=1)
             age = max(0.0, (now - pending[0].at) / 1000) if pending else 0.0
             logical = logical_name(name)  # a sharded queue: its most lagging partition
             ages[logical] = max(ages.get(logical, 0.0), age)
