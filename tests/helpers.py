@@ -215,3 +215,13 @@ def running_workers(storage: Any, **defaults: Any) -> Iterator[Callable[..., Any
         for worker in workers:
             worker.stop(hurry=True)
             assert worker.stopped.wait(30)
+
+
+def health_as_reader() -> dict:
+    """``GET /jobq/health`` as a credential that may read every queue sees it (the mirror's
+    state is told to those only). Called directly: mirror tests run on one database alias,
+    and API keys live in ``default``."""
+    from django_jobq.api.operations import health_report
+    from django_jobq.api.serializers import HealthSerializer
+
+    return HealthSerializer(health_report(lambda names: names)[0]).data

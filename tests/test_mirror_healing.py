@@ -16,6 +16,8 @@ from django_jobq.models import Job, JobEvent, MirrorReject
 from django_jobq.queue import Queue
 from django_jobq.storage.redis.storage import RedisStorage
 
+from .helpers import health_as_reader
+
 pytestmark = pytest.mark.redis
 Q = "heal-q"
 
@@ -382,29 +384,13 @@ def test_a_gap_is_said_in_health_and_the_admin_banner(
     mirror = Mirror(storage, queues=[Q], using=db_alias, consumer="m1", gap_check_interval=0)
     mirror.queues()
     assert recent_gaps(storage) == []
-    assert reader().get("/jobq/health").json()["mirror_gaps"] == []
+    assert health_as_reader()["mirror_gaps"] == []
     enqueue(storage, *[f"j{i:03}" for i in range(300)])  # far past the cap: a gap
     mirror.run_once()
     [gap] = recent_gaps(storage)
     assert (gap["queue"], gap["rows"]) == (Q, 300) and "trimmed" in gap["why"]
-    [said] = reader().get("/jobq/health").json()["mirror_gaps"]
+    [said] = health_as_reader()["mirror_gaps"]
     assert (said["queue"], said["rows"]) == (Q, 300)
     banner = mirror_banner()
     assert banner is not None and Q in banner and "re-read" in banner
     assert recent_gaps(storage, within=0) == []  # reported for a while, not forever
-
-
-class reader:  # noqa: N801 - stands in for a client that reads /jobq/health
-    """Health as a credential that may read every queue sees it (the mirror's state is told
-    to those only; an anonymous check gets the small answer). Called directly: these tests
-    run on one database alias, and API keys live in ``default``."""
-
-    @staticmethod
-    def get(path: str):
-        from types import SimpleNamespace
-
-        from django_jobq.api.operations import health_report
-        from django_jobq.api.serializers import HealthSerializer
-
-        report = HealthSerializer(health_report(lambda names: names)[0]).data
-        return SimpleNamespace(json=lambda: report)

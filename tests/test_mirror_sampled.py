@@ -20,6 +20,8 @@ from django_jobq.models import Job
 from django_jobq.states import JobState
 from django_jobq.storage.redis.storage import RedisStorage
 
+from .helpers import health_as_reader
+
 pytestmark = pytest.mark.redis
 Q = "sample-q"
 JOBS = 400
@@ -105,10 +107,10 @@ def test_health_and_the_admin_say_a_queue_is_shown_as_counts_and_a_sample(
                      "PREFIX": redis_prefix,
                      "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}  # fmt: skip
     storage.register_queue(Q)
-    assert reader().get("/jobq/health").json()["mirror_sampled"] == []
+    assert health_as_reader()["mirror_sampled"] == []
     fall_behind_on_a_big_queue(storage)
     mirror.run_once()
-    [said] = reader().get("/jobq/health").json()["mirror_sampled"]
+    [said] = health_as_reader()["mirror_sampled"]
     assert said["queue"] == Q and said["counts"]["queued"] == JOBS - 30 and said["since"] > 0
     banner = mirror_banner()
     assert banner is not None and f"counts and a sample for queue {Q} since" in banner
@@ -219,19 +221,3 @@ def test_a_final_row_covers_exactly_the_events_before_its_finish(
     assert rows._size <= keep
     rows.forget(Q)
     assert not rows.covers(Q, event) and rows._size == 0
-
-
-class reader:  # noqa: N801 - stands in for a client that reads /jobq/health
-    """Health as a credential that may read every queue sees it (the mirror's state is told
-    to those only; an anonymous check gets the small answer). Called directly: these tests
-    run on one database alias, and API keys live in ``default``."""
-
-    @staticmethod
-    def get(path: str):
-        from types import SimpleNamespace
-
-        from django_jobq.api.operations import health_report
-        from django_jobq.api.serializers import HealthSerializer
-
-        report = HealthSerializer(health_report(lambda names: names)[0]).data
-        return SimpleNamespace(json=lambda: report)
