@@ -289,6 +289,23 @@ def test_reconcile_trusts_the_mirror_for_a_finished_job_whose_record_is_gone(q, 
     assert entries(alias) == {}
 
 
+def test_without_the_mirror_jobs_the_retention_removed_are_not_recreated(q, storage, alias):
+    """Issue 36: with MIRROR disabled (as here) the retention's removals were forgotten by no
+    one, and reconcile re-created (ran again) every finished job the retention removed."""
+    from django_jobq.job import Keep, Retention
+
+    q.set_retention(Retention(completed=Keep(count=1)))
+    for job_id in ("a", "b", "c"):
+        q.enqueue(job_id, 1)
+    for job in storage.claim(QUEUE, "w1", 10, 30_000).jobs:  # in order: a, b, c
+        storage.complete(QUEUE, job.job_id, job.token, b"1")
+    assert [q.get_status(i) is None for i in ("a", "b", "c")] == [True, True, False]
+    report = reconcile(storage, [QUEUE], min_age=0)[QUEUE]
+    assert (report.recreated, report.finished) == (0, 3), report
+    assert entries(alias) == {}
+    assert all(q.get_status(i) is None for i in ("a", "b"))  # not run again
+
+
 def test_obliterate_deletes_the_journal_so_reconcile_brings_nothing_back(q, storage, alias):
     q.enqueue_many([("a", 1), ("b", 2)])
     q.enqueue("later", 3, delay=60_000)

@@ -317,7 +317,7 @@ def _reconcile_queue(
                 finished.append(row[0])
             else:
                 report.live += 1
-        done_in_mirror = _finished_in_mirror(queue, missing)
+        done_in_mirror = _finished_in_mirror(queue, missing) | _removed(storage, queue, missing)
         finished += [pk for pk, job_id, _ in missing if job_id in done_in_mirror]
         missing = [row for row in missing if row[1] not in done_in_mirror]
         report.finished += len(finished)
@@ -358,6 +358,18 @@ def _recreate(
         )  # fmt: skip
     if stale:
         entries.filter(pk__in=stale).delete()
+
+
+def _removed(storage: Storage, queue: str, rows: list[tuple[int, str, int]]) -> set[str]:
+    """Ids whose record the queue's retention removed after their entry was written (a
+    ``removed`` event in the stream): the job finished; nothing is lost. Needed when no
+    mirror runs, since the mirror is what otherwise forgets their entries."""
+    removed_since = getattr(storage, "removed_since", None)
+    if not rows or removed_since is None:
+        return set()
+    created = {job_id: created_ms for _, job_id, created_ms in rows}
+    found = removed_since(queue, min(created.values()), list(created))
+    return {job_id for job_id, at in found.items() if at >= created[job_id]}
 
 
 def _finished_in_mirror(queue: str, rows: list[tuple[int, str, int]]) -> set[str]:

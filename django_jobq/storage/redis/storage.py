@@ -1410,6 +1410,25 @@ class RedisStorage(Storage):
                 return
             self.client.xack(key, group, *[p["message_id"] for p in stale])
 
+    def removed_since(self, queue: str, since_ms: int, job_ids: Sequence[str]) -> dict[str, int]:
+        """Of ``job_ids``, those the stream says the retention removed at or after
+        ``since_ms``: id -> when (ms). The journal's reconcile reads it without the mirror,
+        which otherwise tells it (a removed record is no lost job). A ``removed`` event the
+        stream no longer keeps is not found: that job is then treated as lost."""
+        key = self.keys(queue).events
+        wanted, found = set(job_ids), {}
+        start = f"{since_ms}-0"
+        while wanted:
+            entries = self.client.xrange(key, min=start, max="+", count=1000)
+            for eid, fields in entries:
+                event = _event(queue, eid, fields)
+                if event.kind == "removed" and event.job_id in wanted:
+                    found[event.job_id] = event.at
+            if len(entries) < 1000:
+                break
+            start = "(" + _s(entries[-1][0])
+        return found
+
     def record_mirror_gap(self, queue: str, gap: dict[str, Any]) -> None:
         """Keep the mirror's latest gap of ``queue`` (when, why, rows re-read) where health
         and the admin read it, whichever process the mirror runs in."""
