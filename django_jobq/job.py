@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidOption
-from .serde import check_json_value, storable_text
+from .serde import check_json_value, serde_for, storable_text
 from .states import JobState
 
 #: Log lines kept per job (older ones drop off) and the longest line kept (longer are cut).
@@ -314,7 +314,13 @@ def final_outcome(record: Any) -> FinalOutcome | None:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One entry of a queue's event stream."""
+    """One entry of a queue's event stream.
+
+    ``data`` is the value the transition carried, as it was then (a later retry does not
+    change it): the result of ``completed``, the error (type, message…) of ``failed``,
+    ``retrying`` and a running job's ``cancelled``, the value of ``progress``; None for other
+    kinds. A value over ``EVENT_DATA_MAX`` encoded bytes is left out of the event, so a stream
+    stays small: then ``data_omitted`` is True and the record (``get_result``) has it."""
 
     id: str
     queue: str
@@ -322,6 +328,33 @@ class Event:
     kind: str  # the state entered: queued, scheduled, active, completed, retrying, ...
     at: int  # epoch ms
     worker: str | None = None
+    data: Any = None
+    data_omitted: bool = False
+
+
+#: The encoded size up to which an event carries its value (``Event.data``); every backend
+#: applies it (Redis: ``EVENT_DATA_MAX`` in includes/common.lua, held equal by a test).
+EVENT_DATA_MAX = 1024
+#: Kinds whose event carries a value, and how it is stored: the result (in the job's serde),
+#: an error record, a progress value (JSON).
+DATA_KINDS = {"completed": "result", "failed": "error", "retrying": "error",
+              "cancelled": "error", "progress": "progress"}  # fmt: skip
+
+
+def event_data(kind: str, raw: bytes | None, content_type: str = "json") -> Any:
+    """The value an event of ``kind`` carries, decoded from its stored bytes; bytes that do
+    not decode come back as text (an event must stay readable whatever was written)."""
+    if raw is None:
+        return None
+    what = DATA_KINDS.get(kind)
+    if what == "error":
+        return decode_error(raw)
+    if what == "result":
+        try:
+            return serde_for(content_type).loads(raw)
+        except Exception:  # any decoder error: the event stays readable
+            return bytes(raw).decode("utf-8", "replace")
+    return decode_progress(raw)
 
 
 # --- public, decoded views -------------------------------------------------------------------

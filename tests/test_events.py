@@ -170,3 +170,53 @@ def test_a_feed_never_reads_past_a_gap(backend, live_storage, steps):
     except EventsLost:
         return
     assert contiguous(seen, sent) and (not sent or seen[-1:] == sent[-1:]), seen
+
+
+# -- Event.data: what a transition carried (issue 36) -------------------------------------------
+
+
+def test_events_carry_the_result_the_error_and_the_progress(q, live_storage):
+    for job_id in ("ok", "flaky", "big", "dead"):
+        q.enqueue(job_id, 1, max_attempts=2)
+    ok, flaky, big, dead = live_storage.claim("feed", "w", 4, 60_000).jobs
+    assert live_storage.report("feed", "ok", ok.token, progress=b'{"done": 0.5}')
+    live_storage.complete("feed", "ok", ok.token, b'{"sum": 3, "f": 1e16}')
+    live_storage.fail("feed", "flaky", flaky.token, b'{"type": "E", "message": "first"}',
+                      retry_in=3_600_000)  # fmt: skip
+    live_storage.complete("feed", "big", big.token, b'"' + b"x" * 5000 + b'"')
+    live_storage.fail("feed", "dead", dead.token, b'{"type": "E", "message": "no"}',
+                      permanent=True)  # fmt: skip
+    carried = [(e.job_id, e.kind, e.data, e.data_omitted) for e in q.events()
+               if e.kind in ("progress", "completed", "retrying", "failed")]  # fmt: skip
+    assert carried == [
+        ("ok", "progress", {"done": 0.5}, False),
+        ("ok", "completed", {"sum": 3, "f": 1e16}, False),
+        ("flaky", "retrying", {"type": "E", "message": "first"}, False),
+        ("big", "completed", None, True),  # over EVENT_DATA_MAX: the record has it
+        ("dead", "failed", {"type": "E", "message": "no"}, False),
+    ]
+    assert type(carried[1][2]["f"]) is float  # exactly as it was (PostgreSQL too)
+    assert all(e.data is None for e in q.events(kinds=["queued", "active"]))
+
+
+@pytest.mark.parametrize("n", [1, 3])  # PostgreSQL: a lone completion and a batch differ
+def test_batched_completions_carry_their_results(q, live_storage, n):
+    from django_jobq.storage.base import Ack
+
+    q.enqueue_many([(f"b{i}", i) for i in range(n)])
+    jobs = live_storage.claim("feed", "w", n, 60_000).jobs
+    acks = [Ack("complete", j.job_id, j.token, b'{"n": %d}' % i) for i, j in enumerate(jobs)]
+    acks[-1] = Ack("complete", jobs[-1].job_id, jobs[-1].token, b"[" + b"1," * 600 + b"1]")
+    live_storage.ack_many("feed", acks)
+    done = [(e.job_id, e.data, e.data_omitted) for e in q.events(kinds=["completed"])]
+    expected = [(j.job_id, {"n": i}, False) for i, j in enumerate(jobs[:-1])]
+    assert done == [*expected, (jobs[-1].job_id, None, True)]
+
+
+def test_the_lua_cap_on_event_data_is_the_python_one():
+    from pathlib import Path
+
+    from django_jobq.job import EVENT_DATA_MAX
+
+    common = Path(__file__).parent.parent / "django_jobq/storage/redis/lua/includes/common.lua"
+    assert f"local EVENT_DATA_MAX = {EVENT_DATA_MAX}\n" in common.read_text()

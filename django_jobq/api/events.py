@@ -94,8 +94,11 @@ class StreamParams(serializers.Serializer):
 
 def message(event: Event) -> str:
     data = {"id": event.id, "queue": event.queue, "job_id": event.job_id, "kind": event.kind,
-            "at": event.at, "worker": event.worker}  # fmt: skip
-    return f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(data)}\n\n"
+            "at": event.at, "worker": event.worker, "data": event.data}  # fmt: skip
+    if event.data_omitted:
+        data["data_omitted"] = True
+    # default=str: a msgpack result may hold what JSON cannot (bytes); it is shown as text.
+    return f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
 def close_connections() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F, OuterRef, Q, Subquery
 
-from ...job import LOG_LINES, AckOutcome, ClaimedJob
+from ...job import EVENT_DATA_MAX, LOG_LINES, AckOutcome, ClaimedJob
 from ...states import GROUP_SCAN, PROMOTE_LIMIT, STALLED_ERROR, JobState
 from ..base import Ack, ClaimBatch, ReapReport, token_base
 from .core import (
@@ -491,7 +491,7 @@ class ClaimAck(Enqueue):
         return (
             self._jobs().filter(queue=queue, job_id=job_id).annotate(cap=Subquery(cap))
             .values("id", "attempts", "max_attempts", "result_ttl", "waiters", "worker",
-                    "has_successor", "started_at", "cap").get()
+                    "has_successor", "started_at", "cap", "content_type").get()
         )  # fmt: skip
 
     def complete(self, queue: str, job_id: str, token: int, result: bytes) -> AckOutcome:
@@ -504,15 +504,19 @@ class ClaimAck(Enqueue):
             self._jobs().filter(pk=row["id"]).update(
                 **self._finish_fields(row, JobState.COMPLETED, now)
             )
-            self._finished(row, queue, job_id, "completed", now)
+            self._finished(row, queue, job_id, "completed", now, result)
             return AckOutcome.COMPLETED
 
-    def _finished(self, row: Any, queue: str, job_id: str, kind: str, now: int) -> None:
-        """After a row reached a final state: its event, its waiters, a freed slot, and its
-        successor's release (in this same transaction)."""
+    def _finished(
+        self, row: Any, queue: str, job_id: str, kind: str, now: int, data: bytes | None = None
+    ) -> None:
+        """After a row reached a final state: its event (carrying ``data``, the result or
+        error), its waiters, a freed slot, and its successor's release (in this same
+        transaction)."""
         if kind == "failed":  # before a successor renames the row
             self._record_failure_call(queue, job_id, row["id"], now)
-        self._events([(row["id"], queue, job_id)], kind, now, row.get("worker", ""))
+        carried = [(data, row.get("content_type") or "json")] if data is not None else None
+        self._events([(row["id"], queue, job_id)], kind, now, row.get("worker", ""), carried)
         if row["waiters"]:
             self._signal(f"d {queue} {job_id}")
         if row.get("cap") is not None:
@@ -541,11 +545,12 @@ class ClaimAck(Enqueue):
             if permanent or row["attempts"] >= row["max_attempts"]:
                 fields = self._finish_fields(row, final, now)
                 self._jobs().filter(pk=row["id"]).update(**fields)
-                self._finished(row, queue, job_id, final.value, now)
+                self._finished(row, queue, job_id, final.value, now, error)
                 return AckOutcome(final.value)
             due = now + max(retry_in or 0, 0)
             self._jobs().filter(pk=row["id"]).update(state=JobState.RETRYING, run_at=_dt(due))
-            self._events([(row["id"], queue, job_id)], "retrying", now, row["worker"])
+            self._events([(row["id"], queue, job_id)], "retrying", now, row["worker"],
+                         [(error, "json")])  # fmt: skip
             self._signal(f"w {queue}")
             return AckOutcome.RETRYING
 
@@ -634,9 +639,13 @@ class ClaimAck(Enqueue):
             "expires_at = %s + j.result_ttl * interval '1 millisecond', "
             "lease_deadline = NULL, waiters = 0 FROM old WHERE j.id = old.id "
             "RETURNING j.id, j.job_id, j.token, j.worker, old.waiters, old.result, j.result_ttl, "
-            "j.finished_at), "
+            "j.finished_at, j.content_type), "
+            # The result the event carries (Event.data), as events.event_detail writes it.
             f"logged AS (INSERT INTO {self._event_table} (job_id, queue, kind, at, worker, "
-            "stream_id) SELECT id, %s, 'completed', finished_at, worker, '' FROM done), "
+            "stream_id, detail) SELECT id, %s, 'completed', finished_at, worker, '', "
+            "CASE WHEN octet_length(result) > %s THEN '{\"omitted\": true}'::jsonb ELSE "
+            "jsonb_build_object('raw', encode(result, 'base64'), 'ct', content_type) END "
+            "FROM done), "
             # The waiters' signal: the row, its expiry and its result ride along when they
             # fit well inside NOTIFY's 8,000-byte payload (the waiter then needs no read).
             # MATERIALIZED: built once per row; inlined, each of the two mentions of ``msg``
@@ -650,7 +659,8 @@ class ClaimAck(Enqueue):
             "CASE WHEN s.waiters > 0 THEN pg_notify(%s, s.msg) END, "
             f"(SELECT c.concurrency FROM {self._quoted(self.QueueConfig)} c WHERE c.name = %s) "
             "FROM said s",
-            [*head_params, at, at, queue, queue, CARRIED_RESULT, now, CHANNEL, queue],
+            [*head_params, at, at, queue, EVENT_DATA_MAX, queue, CARRIED_RESULT, now, CHANNEL,
+             queue],  # fmt: skip
         )  # fmt: skip
         said = [r[2] for r in rows if r[2] is not None]
         if said:  # this process's waiters (others get the NOTIFY)
@@ -672,7 +682,8 @@ class ClaimAck(Enqueue):
             marks = ", ".join(["%s"] * len(chunk))
             for row in self._sql(
                 "SELECT id, job_id, state, token, result_ttl, waiters, worker, has_successor, "
-                f"started_at FROM {self._table} WHERE queue = %s AND job_id IN ({marks})"
+                f"started_at, content_type FROM {self._table} WHERE queue = %s AND job_id IN "
+                f"({marks})"
                 f"{self._for_update}",
                 [queue, *chunk],
             ):
@@ -682,6 +693,7 @@ class ClaimAck(Enqueue):
         updates: list[tuple[Any, ...]] = []
         finished = self._param_dt(now)
         by_stamp: dict[tuple[str, int], list[tuple[int, str, str]]] = {}  # (worker, at): events
+        carried: dict[tuple[str, int], list[tuple[bytes | None, str]]] = {}  # their results
         for ack in acks:
             if (ack.job_id, ack.token) in out:  # a repeat: ack_many answers it
                 continue
@@ -695,6 +707,7 @@ class ClaimAck(Enqueue):
             stamp = finished if at == now else self._param_dt(at)
             updates.append((ack.body, stamp, self._param_dt(now + row[4]), row[0]))
             by_stamp.setdefault((row[6], at), []).append((row[0], queue, row[1]))
+            carried.setdefault((row[6], at), []).append((ack.body, row[9] or "json"))
             out[(ack.job_id, ack.token)] = AckOutcome.COMPLETED
         if not changed:
             return out
@@ -705,7 +718,7 @@ class ClaimAck(Enqueue):
                 updates,
             )
         for (worker, at), items in by_stamp.items():
-            self._events(items, "completed", at, worker)
+            self._events(items, "completed", at, worker, carried[(worker, at)])
         for row in changed:
             if row[5]:
                 self._signal(f"d {queue} {row[1]}")
@@ -748,7 +761,7 @@ class ClaimAck(Enqueue):
             self._jobs().filter(pk=row["id"]).update(**fields)
             target = [(row["id"], queue, job_id)]
             if progress is not None:
-                self._events(target, "progress", now, row["worker"])
+                self._events(target, "progress", now, row["worker"], [(progress, "json")])
             if log is not None:
                 self._events(target, "log", now, row["worker"])
             return True
@@ -822,7 +835,7 @@ class ClaimAck(Enqueue):
                     self._jobs().filter(pk=row["id"]).update(
                         stalls=F("stalls") + 1, error=_STALLED, **fields
                     )
-                    self._finished(row, queue, row["job_id"], "failed", now)
+                    self._finished(row, queue, row["job_id"], "failed", now, STALLED_ERROR)
                     report.failed.append(row["job_id"])
                 else:
                     self._jobs().filter(pk=row["id"]).update(

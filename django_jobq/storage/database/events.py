@@ -3,32 +3,52 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...errors import EventsLost
-from ...job import Event
-from .core import _chunks, _ms, _public_id
+from ...job import EVENT_DATA_MAX, Event, event_data
+from .core import IN_CHUNK, _ms, _public_id
 from .wakeups import Wakeups
 
 
 class Events(Wakeups):
     """Appending and reading job events."""
 
-    def _events(self, rows: Sequence[tuple[int, str, str]], kind: str, now: int, worker="") -> None:
-        """Append one event per (pk, queue, job_id) in this transaction (one statement)."""
+    def _events(
+        self,
+        rows: Sequence[tuple[int, str, str]],
+        kind: str,
+        now: int,
+        worker: str = "",
+        data: Sequence[tuple[bytes | None, str]] | None = None,
+    ) -> None:
+        """Append one event per (pk, queue, job_id) in this transaction (one statement);
+        ``data``, per row, the (bytes, content type) its event carries (``Event.data``)."""
         if not rows:
             return
         at = self._param_dt(now)
         table = self._event_table
-        for chunk in _chunks(rows):
-            values = ", ".join(["(%s, %s, %s, %s, %s, '')"] * len(chunk))
+        cast = "::jsonb" if self.vendor == "postgresql" else ""
+        mark = (
+            f"(%s, %s, %s, %s, %s, '', %s{cast})"
+            if data is not None
+            else "(%s, %s, %s, %s, %s, '')"
+        )
+        columns = "job_id, queue, kind, at, worker, stream_id"
+        columns += ", detail" if data is not None else ""
+        for start in range(0, len(rows), IN_CHUNK):
+            chunk = rows[start : start + IN_CHUNK]
             params: list[Any] = []
-            for pk, q, _ in chunk:
+            for i, (pk, q, _) in enumerate(chunk):
                 params += [pk, q, kind, at, worker or ""]
+                if data is not None:
+                    params.append(event_detail(*data[start + i]))
             self._sql(
-                f"INSERT INTO {table} (job_id, queue, kind, at, worker, stream_id) VALUES {values}",
+                f"INSERT INTO {table} ({columns}) VALUES {', '.join([mark] * len(chunk))}",
                 params,
                 fetch=False,
             )
@@ -77,11 +97,11 @@ class Events(Wakeups):
         floor = _floor(after)
         rows = (
             self.JobEvent.objects.using(self.using).filter(queue=queue, id__gt=floor)
-            .order_by("id").values("id", "job__job_id", "kind", "at", "worker")[:count]
+            .order_by("id").values("id", "job__job_id", "kind", "at", "worker", "detail")[:count]
         )  # fmt: skip
         return [
             Event(str(r["id"]), queue, _public_id(r["job__job_id"]), r["kind"], _ms(r["at"]),
-                  r["worker"] or None)
+                  r["worker"] or None, *detail_data(r["kind"], r["detail"]))
             for r in rows
         ]  # fmt: skip
 
@@ -89,3 +109,31 @@ class Events(Wakeups):
 def _floor(position: str) -> int:
     """A position of the database feed as its row id (``"0"``: before every row)."""
     return int(position.split("-")[0] or 0)
+
+
+def event_detail(raw: bytes | None, content_type: str) -> str | None:
+    """The ``detail`` column of an event carrying ``raw``: the exact bytes, base64 in JSON
+    (a JSON value parsed by the database would not come back as it went in: ``jsonb`` reads
+    1e16 back as an int), or that they were left out (over ``EVENT_DATA_MAX``)."""
+    if raw is None:
+        return None
+    if len(raw) > EVENT_DATA_MAX:
+        return '{"omitted": true}'
+    return json.dumps({"raw": base64.b64encode(raw).decode(), "ct": content_type})
+
+
+def detail_data(kind: str, detail: Any) -> tuple[Any, bool]:
+    """(``Event.data``, ``Event.data_omitted``) from a ``detail`` column (see above); a
+    detail written otherwise (the mirror's rows) carries nothing."""
+    if not isinstance(detail, dict):
+        return None, False
+    if detail.get("omitted"):
+        return None, True
+    raw = detail.get("raw")
+    if not isinstance(raw, str):
+        return None, False
+    try:
+        value = base64.b64decode(raw)
+    except ValueError:
+        return None, False
+    return event_data(kind, value, str(detail.get("ct") or "json")), False

@@ -20,7 +20,8 @@ class ClaimAck(Enqueue):
         """An active run reached a final state: record it, tell waiters, and let a blocked
         singleton successor take over the id in the same step."""
         self._finish(q, rec, state, now)
-        self._event(queue, q, rec, state.value, now)
+        data = rec.result if state is JobState.COMPLETED else rec.error
+        self._event(queue, q, rec, state.value, now, data)
         if state is JobState.FAILED and q.failure_hook:  # before a successor takes the id
             self._record_failure_call(queue, q, rec, now)
         if (succ := rec.successor) is not None:
@@ -199,7 +200,7 @@ class ClaimAck(Enqueue):
             return AckOutcome(final.value)
         q.active.pop(job_id, None)
         self._index_scheduled(q, rec, JobState.RETRYING, now + (retry_in or 0))
-        self._event(queue, q, rec, "retrying", now)
+        self._event(queue, q, rec, "retrying", now, error)
         self._cond.notify_all()
         return AckOutcome.RETRYING
 
@@ -209,7 +210,7 @@ class ClaimAck(Enqueue):
                log: str | None = None) -> bool:  # fmt: skip
         if progress is not None:
             rec.progress = progress
-            self._event(queue, q, rec, "progress", now)
+            self._event(queue, q, rec, "progress", now, progress)
         if log is not None:
             rec.logs.append((now, log))
             del rec.logs[:-LOG_LINES]

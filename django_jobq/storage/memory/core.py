@@ -14,7 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, overload
 
-from ...job import DedupMode, Event, FailureCall, JobOptions, QueueLimits, Retention
+from ...job import (
+    EVENT_DATA_MAX,
+    DedupMode,
+    Event,
+    FailureCall,
+    JobOptions,
+    QueueLimits,
+    Retention,
+    event_data,
+)
 from ...states import JobState
 from ..base import Clock, Storage, WorkerRecord
 from .broadcast import MemoryBroadcasts
@@ -192,11 +201,15 @@ class MemoryCore(Storage):
             return None
         return rec
 
-    def _event(self, queue: str, q: _Queue, rec: _Rec, kind: str, now: int) -> None:
+    def _event(
+        self, queue: str, q: _Queue, rec: _Rec, kind: str, now: int, data: bytes | None = None
+    ) -> None:
         event_id = f"{now}-{next(self._event_seq)}"
         if len(q.events) == q.events.maxlen:
             q.events_gone = _event_key(q.events[0].id)
-        q.events.append(Event(event_id, queue, rec.job_id, kind, now, rec.worker))
+        omitted = data is not None and len(data) > EVENT_DATA_MAX
+        value = None if omitted else event_data(kind, data, rec.content_type)
+        q.events.append(Event(event_id, queue, rec.job_id, kind, now, rec.worker, value, omitted))
 
     def _index_queued(self, q: _Queue, rec: _Rec) -> None:
         rec.state = JobState.QUEUED

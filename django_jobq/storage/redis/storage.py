@@ -28,6 +28,7 @@ from ...job import (
     RetryOutcome,
     RunAtUpdate,
     StoredEnqueue,
+    event_data,
     final_outcome,
 )
 from ...states import GROUP_SCAN, PROMOTE_LIMIT, TERMINAL_STATES, JobState
@@ -162,13 +163,21 @@ def _event(queue: str, event_id: bytes | str, fields: dict) -> Event:
     a missing job as ""), so that one bad entry never makes every read of the stream fail."""
     try:
         if isinstance(event_id, bytes):  # the client's usual replies: read bytes keys directly
-            worker = fields.get(b"worker")
+            worker, kind = fields.get(b"worker"), fields[b"kind"].decode()
+            ct = fields.get(b"ct")
             return Event(
-                event_id.decode(), queue, fields[b"job"].decode(), fields[b"kind"].decode(),
+                event_id.decode(), queue, fields[b"job"].decode(), kind,
                 int(fields[b"at"]), None if worker is None else worker.decode(),
+                event_data(kind, fields.get(b"data"), ct.decode() if ct else "json"),
+                b"omitted" in fields,
             )  # fmt: skip
         f = {_s(a): _s(b) for a, b in fields.items()}
-        return Event(_s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"))
+        raw = f.get("data")
+        return Event(
+            _s(event_id), queue, f["job"], f["kind"], int(f["at"]), f.get("worker"),
+            event_data(f["kind"], None if raw is None else raw.encode(), f.get("ct", "json")),
+            "omitted" in f,
+        )  # fmt: skip
     except (KeyError, ValueError, AttributeError):  # UnicodeDecodeError is a ValueError
         return _odd_event(queue, event_id, fields)
 
@@ -186,7 +195,7 @@ def _flat_event(queue: str, event_id: bytes | str, fields: Any) -> Event:
         try:
             return _build_event(
                 event_id.decode(), queue, fields[1].decode(), fields[3].decode(),
-                int(fields[5]), fields[7].decode() if n == 8 else None,
+                int(fields[5]), fields[7].decode() if n == 8 else None, None, False,
             )  # fmt: skip
         except (ValueError, AttributeError):  # not UTF-8, not a number: read as far as it goes
             pass

@@ -28,7 +28,8 @@ successor replaces the record ('queued' or 'scheduled' event).
 local job_key, active_key, stats_key, done_key, capped_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local wake_key, events_key = KEYS[12], KEYS[13]
-local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'succ', 'dedup', 'dmode')
+local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'succ', 'dedup', 'dmode',
+  'ctype')
 if f[1] ~= 'active' or f[2] ~= ARGV[4] then return 0 end
 
 local now = now_ms(ARGV[1])
@@ -36,7 +37,7 @@ local id = ARGV[3]
 redis.call('HSET', job_key, 'result', ARGV[5])
 redis.call('ZREM', active_key, id)
 finish(job_key, done_key, stats_key, 'completed', ARGV[5], now)
-emit(events_key, ARGV[2], id, 'completed', now, f[3])
+emit(events_key, ARGV[2], id, 'completed', now, f[3], ARGV[5], f[7])
 if f[4] or f[5] then
   local h = sched()
   h.settle(h.settle_keys(KEYS, 6), ARGV[2], id, f[4], f[5], f[6], now)

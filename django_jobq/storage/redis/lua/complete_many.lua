@@ -34,14 +34,14 @@ for i = 3, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local job_key = job_prefix .. id
   local f = redis.call('HMGET', job_key, 'state', 'token', 'worker', 'succ', 'dedup', 'dmode',
-    'result_ttl', 'waiters')
+    'result_ttl', 'waiters', 'ctype')
   if f[1] ~= 'active' or f[2] ~= token then
     out[#out + 1] = 0
   else
     redis.call('ZREM', active_key, id)
     finish_read(job_key, done_prefix .. id, stats_key, 'completed', result, now, f[7], f[8],
       'result', result)
-    emit(events_key, maxlen, id, 'completed', now, f[3])
+    emit(events_key, maxlen, id, 'completed', now, f[3], result, f[9])
     if f[4] or f[5] then
       local h = sched()
       h.settle(h.settle_keys(KEYS, 5), maxlen, id, f[4], f[5], f[6], now)

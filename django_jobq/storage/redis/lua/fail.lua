@@ -49,7 +49,7 @@ if redis.call('DEL', capped_key) == 1 then wake(wake_key) end
 local final = ARGV[8] == 'cancelled' and 'cancelled' or 'failed'
 if final == 'cancelled' or ARGV[7] == '1' or tonumber(f[4]) >= tonumber(f[5]) then
   finish(job_key, done_key, stats_key, final, ARGV[5], now)
-  emit(events_key, ARGV[2], id, final, now, f[3])
+  emit(events_key, ARGV[2], id, final, now, f[3], ARGV[5])
   if final == 'failed' then record_failure(job_key, KEYS[15], KEYS[16], KEYS[17], id, now) end
   if f[6] or f[7] then
     local h = sched()
@@ -68,6 +68,6 @@ local retry_at = now + math.max(tonumber(ARGV[6]), 0)
 redis.call('HSET', job_key, 'state', 'retrying', 'run_at', fmt(retry_at))
 redis.call('HINCRBY', stats_key, 'retrying', 1)
 redis.call('ZADD', scheduled_key, retry_at, id)
-emit(events_key, ARGV[2], id, 'retrying', now, f[3])
+emit(events_key, ARGV[2], id, 'retrying', now, f[3], ARGV[5])
 wake(wake_key)
 return 3

@@ -47,7 +47,7 @@ for _, id in ipairs(expired) do
     if stalls > tonumber(f[3]) then
       redis.call('HSET', job_key, 'error', STALLED_ERROR)
       finish(job_key, done_prefix .. id, stats_key, 'failed', STALLED_ERROR, now)
-      emit(events_key, maxlen, id, 'failed', now)
+      emit(events_key, maxlen, id, 'failed', now, nil, STALLED_ERROR)
       record_failure(job_key, KEYS[14], KEYS[15], KEYS[16], id, now)
       if f[7] or f[8] then
         local h = sched()

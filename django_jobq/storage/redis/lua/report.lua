@@ -25,7 +25,7 @@ if f[1] ~= 'active' or f[2] ~= ARGV[4] then return 0 end
 local now = now_ms(ARGV[1])
 if ARGV[5] ~= '' then
   redis.call('HSET', job_key, 'progress', ARGV[5])
-  emit(events_key, ARGV[2], ARGV[3], 'progress', now, f[3])
+  emit(events_key, ARGV[2], ARGV[3], 'progress', now, f[3], ARGV[5])
 end
 if ARGV[6] == '1' then
   local logs = f[4] and cjson.decode(f[4]) or {}

@@ -52,8 +52,24 @@ local function queued_score(priority, seq, lifo)
   return tonumber(priority) * PRIORITY_SHIFT + LIFO_SPLIT + tonumber(seq)
 end
 
-local function emit(events_key, maxlen, job_id, kind, now, worker)
-  if worker then
+-- The value an event carries (Event.data: a result, an error, a progress value), up to this
+-- many bytes (states.EVENT_DATA_MAX, held equal by a test); a larger one is left out and the
+-- entry says so ('omitted'), so a stream of 100,000 entries stays a few MB. ct: the result's
+-- serde when not JSON.
+local EVENT_DATA_MAX = 1024
+
+local function emit(events_key, maxlen, job_id, kind, now, worker, data, ct)
+  if data then
+    local fields = {'job', job_id, 'kind', kind, 'at', fmt(now)}
+    if worker then fields[#fields + 1] = 'worker'; fields[#fields + 1] = worker end
+    if #data <= EVENT_DATA_MAX then
+      fields[#fields + 1] = 'data'; fields[#fields + 1] = data
+      if ct and ct ~= 'json' then fields[#fields + 1] = 'ct'; fields[#fields + 1] = ct end
+    else
+      fields[#fields + 1] = 'omitted'; fields[#fields + 1] = '1'
+    end
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+  elseif worker then
     redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
       'job', job_id, 'kind', kind, 'at', fmt(now), 'worker', worker)
   else
