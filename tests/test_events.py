@@ -220,3 +220,19 @@ def test_the_lua_cap_on_event_data_is_the_python_one():
 
     common = Path(__file__).parent.parent / "django_jobq/storage/redis/lua/includes/common.lua"
     assert f"local EVENT_DATA_MAX = {EVENT_DATA_MAX}\n" in common.read_text()
+
+
+def test_an_sse_message_carries_the_data_and_says_when_it_was_left_out():
+    import json
+
+    from django_jobq.api.events import message
+    from django_jobq.job import Event
+
+    def body(event: Event) -> dict:
+        return json.loads(message(event).split("data: ", 1)[1])
+
+    done = body(Event("1-0", "q", "a", "completed", 1, "w", {"sum": 3}))
+    assert done["data"] == {"sum": 3} and "data_omitted" not in done
+    big = body(Event("2-0", "q", "b", "completed", 2, "w", None, True))
+    assert (big["data"], big["data_omitted"]) == (None, True)
+    assert body(Event("3-0", "q", "c", "completed", 3, None, {"raw": b"\x00"}))["data"]
