@@ -314,7 +314,11 @@ def test_obliterate_deletes_only_its_own_queue(storage, redis_client, redis_pref
         storage.set_limits(queue, QueueLimits(concurrency=2))
     assert storage.obliterate(Q) == 2
     left = {key.decode() for key in redis_client.scan_iter(match="*" + redis_prefix + "*")}
-    assert not [key for key in left if key.startswith("{" + f"{redis_prefix}:{Q}" + "}")]
+    # Only an empty event stream that remembers its last id (a reader of the old queue is
+    # told its events are gone: EventsLost).
+    tag = "{" + f"{redis_prefix}:{Q}" + "}"
+    assert [key for key in left if key.startswith(tag)] == [tag + ":events"]
+    assert redis_client.xlen(tag + ":events") == 0
     assert storage.get_limits(other) == QueueLimits(concurrency=2)
     assert storage.list_queues() == [other]
     assert storage.enqueue(other, job("c", dedup=Dedup("k"))).job_id == "a"
