@@ -23,7 +23,7 @@ def test_a_built_record_equals_the_constructed_one_field_by_field():
 
 
 def test_a_built_event_stays_frozen():
-    record = positional_builder(Event)("1-0", "q", "j1", "queued", 5, None)
+    record = positional_builder(Event)("1-0", "q", "j1", "queued", 5, None, None, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.kind = "active"  # type: ignore[misc]
 

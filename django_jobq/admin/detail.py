@@ -179,7 +179,8 @@ def history(job: Job) -> dict[str, Any]:
 def _event_detail(job: Job, event: Any, attempt: int, started: Any) -> str:
     """What the DETAIL column says of one transition: the event's own detail when the storage
     gave one, else what the page knows (the attempt, how long it ran, the final error)."""
-    if event.detail not in (None, "", {}, []):
+    carried = isinstance(event.detail, dict) and set(event.detail) <= {"raw", "ct", "omitted"}
+    if event.detail not in (None, "", {}, []) and not carried:  # Event.data is not a detail
         return event.detail if isinstance(event.detail, str) else pretty(event.detail)
     if event.kind == "active":
         return f"attempt {attempt} of {job.max_attempts}"
