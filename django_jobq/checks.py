@@ -1,8 +1,13 @@
 """``manage.py check`` reports a bad JOBQ setting before any worker starts."""
 
+import logging
+from collections.abc import Iterable
+
 from django.core import checks
 
 from .backend import check_settings
+
+logger = logging.getLogger("django_jobq")
 
 
 @checks.register()
@@ -62,4 +67,80 @@ def mirror_sqlite_check(app_configs, **kwargs):
             "docs/admin.md.",
             id="django_jobq.W001",
         )
+    ]
+
+
+# The worker's own connections per process: the fetcher's claims, the acker's verdicts, the
+# heartbeat, the failure-handler thread (Django's per-thread connections) and the LISTEN
+# connection of the database backend. Handler threads hold one each only while their
+# code uses the ORM (the pools close it after each job unless CONN_MAX_AGE keeps it).
+WORKER_OWN_CONNECTIONS = 5
+_SERVER_LIMIT_SQL = {
+    "postgresql": "SELECT current_setting('max_connections')::int"
+    " - current_setting('superuser_reserved_connections')::int",
+    "mysql": "SELECT @@max_connections",
+}
+
+
+def connection_budget(
+    concurrency: int, processes: int = 1, aliases: Iterable[str] | None = None
+) -> list[str]:
+    """Why a worker of ``processes`` × ``concurrency`` threads could run a database server
+    out of connections ("too many clients") — one message per database at risk. Counted as
+    the worst case: every handler thread inside ORM code at once, plus the worker's own on
+    the queue's database; with Django's pool, the pool's size bounds a process instead."""
+    from django.conf import settings
+    from django.db import connections
+
+    from .conf import jobq_settings
+
+    conf = jobq_settings()
+    queue_db = conf["DATABASE_ALIAS"] if conf["BACKEND"] == "database" else None
+    problems = []
+    for alias in settings.DATABASES if aliases is None else aliases:
+        conn = connections[alias]
+        if conn.vendor not in _SERVER_LIMIT_SQL:
+            continue
+        own = WORKER_OWN_CONNECTIONS if alias == queue_db else 0
+        pool = conn.settings_dict.get("OPTIONS", {}).get("pool")
+        if pool:  # psycopg_pool's sizes: max_size defaults to min_size, which defaults to 4
+            size = 4
+            if isinstance(pool, dict):
+                size = pool.get("max_size") or pool.get("min_size") or 4
+            per_process, how = size + (1 if own else 0), f"a pool of {size}"
+        else:
+            per_process, how = concurrency + own, f"{concurrency} handler threads"
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(_SERVER_LIMIT_SQL[conn.vendor])
+                limit = int(cursor.fetchone()[0])
+        except Exception as exc:  # noqa: BLE001 - a server that does not answer: said elsewhere
+            logger.debug("max_connections of %r not read: %s", alias, exc)
+            continue
+        if processes * per_process > limit:
+            problems.append(
+                f"DATABASES[{alias!r}]: {processes} worker process(es) with {how} can open "
+                f"{processes * per_process} connections; the server allows {limit}"
+            )
+    return problems
+
+
+@checks.register(checks.Tags.database)
+def connection_budget_check(app_configs, databases=None, **kwargs):
+    """``manage.py check --database …`` with JOBQ["WORKER"]["concurrency"]; ``runworker``
+    checks its own ``--concurrency`` and ``--processes`` when it starts."""
+    from .conf import jobq_settings
+
+    try:
+        concurrency = jobq_settings()["WORKER"]["concurrency"]
+    except Exception:  # a bad JOBQ setting is reported by jobq_settings_check
+        return []
+    return [
+        checks.Warning(
+            problem,
+            hint="Lower the concurrency, use Django's pool (OPTIONS['pool'], psycopg_pool), "
+            "or raise the server's max_connections. See docs/workers.md.",
+            id="django_jobq.W002",
+        )
+        for problem in connection_budget(concurrency, aliases=databases or ())
     ]

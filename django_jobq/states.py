@@ -22,6 +22,10 @@ class JobState(TextChoices):
     CANCELLED = "cancelled", "Cancelled"
     # Singleton successor: its id is active; it takes over the id when that run finishes.
     BLOCKED = "blocked", "Blocked"
+    # A mirror row only (storage never holds it): the job was accepted, and Redis lost it
+    # before it finished (a restart or flush without the journal). The row keeps what was
+    # known; nothing will run it. No transition leads here: the mirror writes it (mirror/core.py).
+    LOST = "lost", "Lost"
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})

@@ -67,6 +67,9 @@ DATABASES = {
         "TEST": {"NAME": os.environ.get("JOBQ_TEST_PG_DB", "test_jobq"), "DEPENDENCIES": []},
     },
 }
+if os.environ.get("JOBQ_TEST_PG_POOL"):  # Django's connection pool (psycopg_pool), this size
+    size = int(os.environ["JOBQ_TEST_PG_POOL"])
+    DATABASES["pg"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": size, "timeout": 10}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("JOBQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Subprocess tests (runworker, runreaper) pass their test's own key prefix through the env.

@@ -5,6 +5,7 @@ surviving a dropped connection: the situations SQLite locking and PostgreSQL SKI
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -12,7 +13,7 @@ from django.db import connections
 from django_jobq import JobState
 from django_jobq.queue import Queue
 
-from .helpers import PROCESS_START, Spawner, wait_until
+from .helpers import PROCESS_START, Spawner, log_tail, wait_until
 
 pytestmark = pytest.mark.slow
 ALIASES = {"sqlite": "default", "postgres": "pg"}
@@ -91,3 +92,56 @@ class TestPostgresOnly:
         assert live_storage.get_record("tests-echo", "before").state is JobState.QUEUED
         claimed = live_storage.claim("tests-echo", "w", 1, 1000)  # reconnected
         assert [j.job_id for j in claimed.jobs] == ["before"]
+
+    def test_a_worker_at_concurrency_128_holds_a_few_connections(self, live_storage, spawn):
+        """Issue 36, item 3: the worker's own storage calls (claims, verdicts, heartbeats, the
+        LISTEN) go through a few threads, so ``-c 128`` of a handler that never touches the
+        ORM holds a handful of the server's ``max_connections`` (100), not one per thread."""
+        q = Queue("tests-slow", storage=live_storage)
+        db = connections["pg"].settings_dict["NAME"]
+        worker = spawn("runworker", "tests-slow", "-c", "128", "--reap-interval", "0", log="w")
+        assert wait_until(lambda: len(live_storage.list_workers()) == 1, PROCESS_START)
+        # Bursts of jobs that each keep a handler busy: every handler thread runs some, idle
+        # waits and quiet verdicts come and go, as in a day of traffic.
+        for burst in range(4):
+            q.enqueue_many([{"id": f"c{burst}-{i}", "payload": {"seconds": 0.05}}
+                            for i in range(300)])  # fmt: skip
+            done = 305 * burst + 300
+            assert wait_until(lambda done=done: q.counts()[JobState.COMPLETED] == done, 120)
+            for i in range(5):  # a quiet queue: one job at a time, answered directly
+                q.enqueue_and_wait(f"rr{burst}-{i}", {"seconds": 0}, timeout=30)
+        own = connections["pg"].cursor().connection.info.backend_pid
+
+        def held() -> int:
+            with connections["pg"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                    [db, own],
+                )
+                return cursor.fetchone()[0]
+
+        assert worker.poll() is None
+        assert held() <= 10, held()
+        # At start it said that 128 ORM-using threads could exceed the server's limit.
+        assert "the server allows" in Path(worker.log_path).read_text()
+
+    def test_django_s_connection_pool_serves_orm_handlers_beyond_its_size(
+        self, live_storage, spawn, tmp_path
+    ):
+        """Issue 36, item 3: with ``OPTIONS["pool"]`` (Django 5.1+), 32 handler threads that use
+        the ORM share a pool of 8: each thread's connection goes back to the pool after its
+        job (as after a request), so none waits out the pool's timeout."""
+        pooled = Spawner(tmp_path, {**spawn.env, "JOBQ_TEST_PG_POOL": "8"})
+        try:
+            q = Queue("tests-orm", storage=live_storage)
+            pooled("runworker", "tests-orm", "-c", "32", "--reap-interval", "0", log="pooled")
+            assert wait_until(lambda: len(live_storage.list_workers()) == 1, PROCESS_START)
+            ids = [f"o{i}" for i in range(400)]
+            q.enqueue_many([{"id": i, "payload": {"alias": "pg", "seconds": 0.02}} for i in ids])
+            assert wait_until(lambda: q.counts()[JobState.COMPLETED] == len(ids), 120), (
+                q.counts(), log_tail(pooled.procs[0].log_path),
+            )  # fmt: skip
+            assert {q.get_status(i).attempts for i in ids} == {1}  # no attempt timed out
+            assert q.enqueue_and_wait("rr", {"alias": "pg"}, timeout=30) == "rr"
+        finally:
+            pooled.stop_all()

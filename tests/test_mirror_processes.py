@@ -293,3 +293,59 @@ def test_a_running_mirror_resyncs_after_redis_restarts(private_redis, db_alias):
     mirror.drain()
     assert Job.objects.using(db_alias).get(queue=Q, job_id="after").state == "queued"
     client.close()
+
+
+def test_jobs_a_restart_lost_are_counted_and_their_rows_end_lost(private_redis, db_alias, settings):
+    """Issue 36, item 13: Redis restarts empty without the journal. The accepted jobs that had
+    not finished are gone; their rows end ``lost`` (not queued and active for good), the
+    count is said in the log, health, the admin banner and a metric, and the finished rows
+    stay as they were. A mirror that starts after the restart (it never saw the old server)
+    finds the loss too; an id re-created afterwards is a new, live job."""
+    from django_jobq.admin.common import mirror_banner
+    from django_jobq.mirror.check import recent_gaps
+
+    from .helpers import health_as_reader
+    from .test_metrics import scrape_storage, value
+
+    mirrored = {"ENABLED": True, "DATABASE_ALIAS": db_alias}
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "REDIS_URL": private_redis.url,
+                     "PREFIX": "lost", "MIRROR": mirrored}  # fmt: skip
+    client = client_from_url(private_redis.url)
+    storage = RedisStorage(client, prefix="lost")
+    storage.register_queue(Q)
+    mirror = Mirror(storage, queues=[Q], using=db_alias, consumer="m1", gap_check_interval=0)
+    mirror.queues()
+    storage.enqueue_many(Q, [NewJob(f"j{i:02}", b"{}", JobOptions()) for i in range(40)])
+    claimed = storage.claim(Q, "w", 10, 60_000).jobs
+    for job in claimed[:4]:
+        storage.complete(Q, job.job_id, job.token, b"1")
+    done = {job.job_id for job in claimed[:4]}
+    mirror.drain()
+    rows = Job.objects.using(db_alias).filter(queue=Q)
+    assert rows.filter(state="active").count() == 6
+
+    private_redis.restart()
+    storage.register_queue(Q)
+    storage.enqueue_many(Q, [NewJob("j39", b"{}", JobOptions())])  # the same id, a new life
+    mirror.drain()
+    states = dict(rows.values_list("job_id", "state"))
+    assert {i for i, s in states.items() if s == "completed"} == done
+    assert states["j39"] == "queued"
+    lost = {i for i, s in states.items() if s == JobState.LOST}
+    assert lost == {f"j{i:02}" for i in range(40)} - done - {"j39"}
+    assert rows.get(job_id=sorted(lost)[0]).error["type"] == "JobLost"
+    [gap] = recent_gaps(storage)
+    assert gap["lost"] == 35 and gap["why"] == "Redis restarted"
+    health = health_as_reader()
+    assert health["jobs_lost"] == 35 and health["mirror_gaps"][0]["lost"] == 35
+    banner = mirror_banner()
+    assert banner is not None and f"35 of {Q}" in banner
+    assert value(scrape_storage(storage, [Q]), "jobq_jobs_lost", queue=Q) == 35
+
+    private_redis.restart()  # again, with no mirror running: the next one starts afresh
+    storage.register_queue(Q)
+    Mirror(storage, queues=[Q], using=db_alias, consumer="m2").drain()
+    assert rows.get(job_id="j39").state == JobState.LOST
+    assert rows.filter(state=JobState.LOST).count() == 36
+    assert recent_gaps(storage)[0]["why"] == "the event stream was lost"
+    client.close()

@@ -93,3 +93,33 @@ def test_queue_overrides_apply_to_that_queue_only(live_storage):
     with override_settings(JOBQ={"QUEUES": {"emails": {"max_attempts": 7}}}):
         assert Queue("emails", storage=live_storage).defaults.max_attempts == 7
         assert Queue("other", storage=live_storage).defaults.max_attempts == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(databases=["default", "pg"])
+def test_the_connection_budget_names_a_database_the_worker_could_exhaust(monkeypatch):
+    """Issue 36, item 3: ``manage.py check --database pg`` (and ``runworker`` at start) warn
+    when every handler thread of every process inside ORM code at once would pass the
+    server's max_connections; a pool bounds a process by its size instead."""
+    from django.db import connections
+
+    from django_jobq.checks import WORKER_OWN_CONNECTIONS, connection_budget
+
+    with connections["pg"].cursor() as cursor:
+        cursor.execute("SELECT current_setting('max_connections')::int")
+        limit = cursor.fetchone()[0] - 3  # superuser_reserved_connections' default
+    assert connection_budget(limit, aliases=["pg"]) == []
+    (problem,) = connection_budget(limit + 1, aliases=["pg"])
+    assert f"can open {limit + 1} connections; the server allows {limit}" in problem
+    assert len(connection_budget(limit // 2 + 1, processes=2, aliases=["pg"])) == 1
+    with override_settings(JOBQ={"BACKEND": "database", "DATABASE_ALIAS": "pg"}):
+        # The worker's own threads count on the queue's database.
+        assert connection_budget(limit - WORKER_OWN_CONNECTIONS + 1, aliases=["pg"])
+    options = connections["pg"].settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "pool", {"min_size": 2, "max_size": 10})
+    assert connection_budget(10_000, processes=limit // 10, aliases=["pg"]) == []
+    assert connection_budget(10_000, processes=limit // 10 + 1, aliases=["pg"])
+    with pytest.raises(SystemCheckError, match="django_jobq.W002"):
+        monkeypatch.delitem(options, "pool")
+        with override_settings(JOBQ={"WORKER": {"concurrency": limit + 1}}):
+            call_command("check", "--database", "pg", "--fail-level", "WARNING")

@@ -160,11 +160,7 @@ def test_a_job_claimed_on_wake_up_runs_on_the_thread_that_waited(
 ):
     # Arrange: note which thread each wait_and_claim returned a job on (the storage method
     # is wrapped on the instance; the worker's choice to delegate looks at the class).
-    from django_jobq.storage.base import Storage
-
-    if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
-        # A cluster client has no one connection to write the claim behind the wait.
-        pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
+    skip_unless_waits_on_handler_threads(live_storage, backend)
     waited_on: dict[str, str] = {}
     wait_and_claim = live_storage.wait_and_claim
 
@@ -189,14 +185,46 @@ def test_a_job_claimed_on_wake_up_runs_on_the_thread_that_waited(
     assert all(name.startswith("jobq-handler-") for name in ran_on.values())
 
 
+def skip_unless_waits_on_handler_threads(live_storage, backend) -> None:
+    """The worker hands its idle wait to a handler thread where the storage claims as its
+    wait ends, unless each calling thread would hold a database connection of its own."""
+    from django_jobq.storage.base import Storage
+
+    if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
+        # A cluster client has no one connection to write the claim behind the wait.
+        pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
+    if live_storage.connection_per_thread:
+        pytest.skip("a connection per calling thread: storage stays on the worker's threads")
+
+
+def test_handler_threads_make_no_storage_calls_where_each_thread_holds_a_connection(
+    q, handlers, run_worker, live_storage, monkeypatch
+):
+    """Issue 36, item 3: on the database backend, waits, claims and verdicts stay on the
+    worker's own threads, so the handler threads open no connection of their own."""
+    if not live_storage.connection_per_thread:
+        pytest.skip("storage calls hold no per-thread connection here")
+    callers: set[str] = set()
+    for name in ("wait_and_claim", "claim", "ack_many", "wait_for_jobs"):
+        original = getattr(live_storage, name)
+
+        def noting(*args, _original=original, **kwargs):
+            callers.add(threading.current_thread().name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(live_storage, name, noting)  # undone: no cycle left
+    one_by_one(q, handlers, run_worker, lambda job: job.payload, 5)
+    handlers.register("w", lambda job: time.sleep(0.01) or job.payload)
+    q.enqueue_many([{"id": f"b{i}", "payload": i} for i in range(40)])
+    assert wait_until(lambda: q.counts()[JobState.COMPLETED] == 45, 60)
+    assert callers and not {c for c in callers if c.startswith("jobq-handler")}, callers
+
+
 def _count_waits(live_storage, backend, monkeypatch) -> list[int]:
     """``[n]``: how many of the worker's ``wait_and_claim`` calls are in flight (skipped where
     the storage does not claim as its wait ends). Waits run one at a time, so the count needs
     no lock; a second one in flight is what the tests using it look for."""
-    from django_jobq.storage.base import Storage
-
-    if type(live_storage).wait_and_claim is Storage.wait_and_claim or backend == "redis-cluster":
-        pytest.skip("this backend does not claim as its wait ends (wait_and_claim)")
+    skip_unless_waits_on_handler_threads(live_storage, backend)
     in_flight = [0]
     wait_and_claim = live_storage.wait_and_claim
 

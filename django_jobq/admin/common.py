@@ -76,6 +76,14 @@ def mirror_banner() -> str | None:
             "written yet): lists and history may be out of date; live counts and job states "
             "come from Redis."
         )
+    lost = [g for g in gaps if isinstance(g.get("lost"), int) and g["lost"] > 0]
+    if lost:
+        said = ", ".join(f"{g['lost']:,} of {g['queue']}" for g in lost)
+        parts.append(
+            f"Accepted jobs are gone from Redis before they finished ({lost[0]['why']}): "
+            f"{said}. Their rows are marked Lost (filter by state); nothing will run them. "
+            "durability='journal' would have re-created them (docs/durability.md)."
+        )
     if gaps:
         names = ", ".join(sorted({str(g["queue"]) for g in gaps}))
         parts.append(

@@ -187,4 +187,5 @@ STATE_COLORS = {
     JobState.FAILED: "failed",
     JobState.CANCELLED: "cancelled",
     JobState.BLOCKED: "blocked",
+    JobState.LOST: "lost",
 }

@@ -187,7 +187,7 @@ def health_report(visible: Callable[[list[str]], list[str]] | None = None
         "status": "ok", "backend": conf["BACKEND"], "storage_reachable": True, "workers": None,
         "queue_count": None, "queues": None, "mirror_lag_seconds": None,
         "mirror_backlog_events": None, "mirror_rejected": None, "mirror_gaps": None,
-        "mirror_sampled": None, "memory": None,
+        "jobs_lost": None, "mirror_sampled": None, "memory": None,
     }  # fmt: skip
     try:
         report["workers"] = len(storage.list_workers())
@@ -214,9 +214,10 @@ def health_report(visible: Callable[[list[str]], list[str]] | None = None
         report["mirror_rejected"] = mirror_rejected(storage, alias)
         if lag is not None:
             report["mirror_gaps"] = [
-                {k: gap.get(k) for k in ("queue", "at", "why", "rows")}
+                {k: gap.get(k) for k in ("queue", "at", "why", "rows", "lost")}
                 for gap in mirror_check.recent_gaps(storage, physical)
             ]
+            report["jobs_lost"] = mirror_check.lost_rows(alias, physical)
             report["mirror_sampled"] = mirror_check.sampled_queues(storage, queues)
         report["memory"] = redis_memory(storage)
     except STORAGE_ERRORS:

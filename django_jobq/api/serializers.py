@@ -294,6 +294,9 @@ class MirrorGapSerializer(serializers.Serializer):
     at = serializers.FloatField(help_text="epoch seconds the resync started")
     why = serializers.CharField()
     rows = serializers.IntegerField(help_text="job rows rewritten from Redis records")
+    lost = serializers.IntegerField(
+        allow_null=True, help_text="rows marked lost: their jobs were no longer in Redis"
+    )
 
 
 class MirrorSampledSerializer(serializers.Serializer):
@@ -334,6 +337,11 @@ class HealthSerializer(serializers.Serializer):
         allow_null=True,
         help_text="queues the mirror re-read from Redis in the last hour because events were "
         "lost before it wrote them (stream cap, flush, restart); latest per queue (Redis only)",
+    )
+    jobs_lost = serializers.IntegerField(
+        allow_null=True,
+        help_text="accepted jobs Redis lost before they finished (a restart or flush without "
+        "the journal): their rows are marked lost (Redis with the mirror)",
     )
     mirror_sampled = MirrorSampledSerializer(
         many=True,

@@ -83,6 +83,14 @@ def recent_gaps(
     return sorted(gaps, key=lambda g: -_number(g["at"]))
 
 
+def lost_rows(alias: str, queues: Sequence[str]) -> int:
+    """Accepted jobs of ``queues`` that Redis lost before they finished: the rows the mirror
+    marked ``lost`` (``Mirror.mark_lost``), kept until retention purges them."""
+    from ..models import Job
+
+    return Job.objects.using(alias).filter(state="lost", queue__in=list(queues)).count()
+
+
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 

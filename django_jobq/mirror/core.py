@@ -45,8 +45,9 @@ from ..conf import jobq_settings, queue_durability
 from ..job import Event, JobRecord
 from ..queue.sharding import served_queues
 from ..serde import is_enveloped
-from ..states import TERMINAL_STATES, JobState
+from ..states import TERMINAL_STATES, WAITING_STATES, JobState
 from ..tasks.registry import handler_name, job_handler_name, registry
+from ..validation import logical_name
 from . import sample as mirror_sample
 from .rollup import reopen as reopen_rollup
 from .sql import (
@@ -62,6 +63,8 @@ from .sql import (
 logger = logging.getLogger("django_jobq.mirror")
 
 GROUP = "jobq-mirror"
+# Rows a lost job can leave behind (``mark_lost``): a job that had not finished.
+UNFINISHED = (*WAITING_STATES, JobState.ACTIVE)
 #: The event of a finished record that the queue's retention deleted (includes/retain.lua).
 REMOVED = "removed"
 KIND_STATE = {
@@ -261,9 +264,13 @@ class Mirror:
     def _join(self, name: str) -> None:
         """Start mirroring a queue: its group, a gap left while nobody read it, and the
         events this consumer read before a restart but never acknowledged (first)."""
-        self.storage.ensure_group(name, self.group)
+        created = self.storage.ensure_group(name, self.group)
         if self.storage.events_lost(name, self.group):
             self.heal(name, "events were trimmed before the mirror read them")
+        elif created and self._unfinished_rows(name):
+            # No group, yet rows of jobs that have not finished: the stream went while no
+            # mirror ran (Redis restarted or was flushed), a restart this process never saw.
+            self.heal(name, "the event stream was lost")
         lost: list[str] = []
         events = self.storage.read_group([name], self.group, self.consumer, pending=True, lost=lost)
         events += self.storage.claim_stale_events(name, self.group, self.consumer, self.stale_ms)
@@ -271,6 +278,10 @@ class Mirror:
         if lost:
             self.storage.ack_events(name, self.group, lost)
             self.heal(name, f"{len(lost)} events read but not written were trimmed")
+
+    def _unfinished_rows(self, queue: str) -> bool:
+        rows = self.Job.objects.using(self.using).filter(queue=queue)
+        return rows.filter(state__in=[s.value for s in UNFINISHED]).exists()
 
     def check_gaps(self) -> list[str]:
         """Heal every queue that has a gap now: a restarted Redis (all of them), a group that
@@ -322,16 +333,22 @@ class Mirror:
         started = time.time()
         position = self.storage.stream_position(queue)
         self.final.forget(queue)  # after a restart an id may start a new life at any time
-        n, scanned = self.resync(queue)
+        n, scanned, lost = self.resync(queue, why=why)
         self.storage.set_group_position(queue, self.group, position)
         self.resyncs += 1
         seconds = time.time() - started
         if scanned >= 1000:  # enough to measure what a full re-read costs per record
             self.seconds_per_record = seconds / scanned
         logger.warning("%s: resynced %d of %d jobs in %.1f s", queue, n, scanned, seconds)
+        if lost:
+            logger.error(
+                "%s: %d accepted jobs are gone from Redis before they finished (%s); their "
+                "rows are marked lost. With durability='journal' jobq_reconcile would have "
+                "re-created them (docs/durability.md).", queue, lost, why,
+            )  # fmt: skip
         # Said where health and the admin look, whichever process this mirror runs in.
         self.storage.record_mirror_gap(queue, {
-            "at": round(started, 3), "why": why, "rows": n,
+            "at": round(started, 3), "why": why, "rows": n, "lost": lost,
             "seconds": round(seconds, 3), "consumer": self.consumer,
         })  # fmt: skip
         return n
@@ -568,9 +585,10 @@ class Mirror:
 
     # -- resync -----------------------------------------------------------------------------
 
-    def resync(self, queue: str, chunk: int = 2000) -> tuple[int, int]:
+    def resync(self, queue: str, chunk: int = 2000, why: str = "") -> tuple[int, int, int]:
         """Rewrite the rows of ``queue`` that differ from its live records (after a gap in
-        the stream), oldest first; returns (rows rewritten, live records).
+        the stream), oldest first, and mark lost the unfinished rows whose job Redis no
+        longer holds (``mark_lost``); returns (rows rewritten, live records, rows lost).
 
         Every live record is compared by its (state, attempts, finish time), a few bytes
         each: the row of an unfinished job, a missing row, or a finished job's row from
@@ -609,7 +627,39 @@ class Mirror:
             live = [r for r in self.storage.get_records(queue, part).values() if r is not None]
             total += len(live)
             self._bisect([((queue, r.job_id), r) for r in live], self._write_records)
-        return total, len(ids)
+        return total, len(ids), self.mark_lost(queue, set(ids), why)
+
+    def mark_lost(self, queue: str, live: set[str], why: str) -> int:
+        """Rows of jobs that were waiting or running and that Redis no longer holds: Redis
+        restarted or was flushed without them (or their removal's event was trimmed). No
+        event will ever end such a row, so it would show a job as queued for good (issue
+        36, item 13): it ends as ``lost`` instead, keeping what it knew (payload,
+        attempts), for an operator to count and re-enqueue. Each candidate is looked up once
+        more first: a job enqueued since the SCAN has a record now, and keeps its row. Not
+        on a journal queue: ``jobq_reconcile`` re-creates its jobs, and their events
+        rewrite the rows."""
+        if queue_durability(logical_name(queue)) == "journal":
+            return 0
+        rows = self.Job.objects.using(self.using).filter(queue=queue)
+        unfinished = [s.value for s in UNFINISHED]
+        ghosts = [
+            (pk, job_id)
+            for pk, job_id in rows.filter(state__in=unfinished).values_list("pk", "job_id")
+            if job_id not in live
+        ]
+        marked = 0
+        for start in range(0, len(ghosts), 1000):
+            part = ghosts[start : start + 1000]
+            states = self.storage.job_states(queue, [job_id for _, job_id in part])
+            gone = [pk for (pk, _), state in zip(part, states, strict=True) if state is None]
+            error = {"type": "JobLost", "message": f"Redis no longer holds this job ({why})"}
+            with transaction.atomic(using=self.using):
+                take_write_lock(self.Job, self.using)
+                marked += rows.filter(pk__in=gone, state__in=unfinished).update(
+                    state=JobState.LOST, error=error, finished_at=dt.datetime.now(dt.UTC),
+                    lease_deadline=None, expires_at=None,
+                )  # fmt: skip
+        return marked
 
     def _write_records(self, items: list[tuple[tuple[str, str], JobRecord]]) -> None:
         with transaction.atomic(using=self.using):
@@ -663,7 +713,10 @@ def purge_finished(days: float, *, using: str = "default", batch: int = 1000) ->
     while True:
         pks = list(
             Job.objects.using(using)
-            .filter(state__in=[s.value for s in TERMINAL_STATES], finished_at__lt=cutoff)
+            .filter(
+                state__in=[s.value for s in (*TERMINAL_STATES, JobState.LOST)],
+                finished_at__lt=cutoff,
+            )
             .exclude(expires_at__gt=now)
             .values_list("pk", flat=True)[:batch]
         )

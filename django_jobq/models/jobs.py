@@ -138,6 +138,8 @@ class Job(models.Model):
             # a queue filter (measured: 278 ms for an unfiltered page of 300,000 rows without)
             models.Index(fields=["queue", "-created_at", "-id"], name="jobq_job_q_created_id"),
             models.Index(fields=["-created_at", "-id"], name="jobq_job_created_id"),
+            # Lost jobs per queue (metrics, health): no other row enters it.
+            models.Index(fields=["queue"], name="jobq_job_lost", condition=models.Q(state="lost")),
         ]  # fmt: skip
         ordering = ["-created_at"]
         # Admin actions that change what a job does next, granted apart from "change".

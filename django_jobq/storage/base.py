@@ -171,6 +171,10 @@ class Storage(abc.ABC):
     supports_transactional_enqueue: bool = False
     #: durability="journal" applies (a second copy in the database is worth keeping): Redis.
     supports_journal: bool = False
+    #: Every thread that calls it holds a connection of its own (Django's per-thread database
+    #: connections): the worker keeps its storage calls on a few threads of its own then, so
+    #: ``--concurrency`` does not multiply the server's connections (the database backend).
+    connection_per_thread: bool = False
 
     clock: Clock | None = None
 

@@ -327,9 +327,13 @@ class Worker(ServingLoop):
     def _delegates_wait(self) -> bool:
         """Whether an idle wait goes to a handler thread: on the thread pool (a process
         pool's child or the async loop cannot take over a blocking storage call), and only
-        where the storage claims on wake-up (otherwise the job would hop all the same)."""
-        return self.pool == "thread" and (
-            type(self.storage).wait_and_claim is not Storage.wait_and_claim
+        where the storage claims on wake-up (otherwise the job would hop all the same). Not
+        where each calling thread holds a database connection: the waits would pass through
+        every handler thread in turn, and ``-c 128`` would hold 128 connections."""
+        return (
+            self.pool == "thread"
+            and not self.storage.connection_per_thread
+            and type(self.storage).wait_and_claim is not Storage.wait_and_claim
         )
 
     def _claim_on_wake(
@@ -632,10 +636,13 @@ class Worker(ServingLoop):
         # acker thread costs a thread wake-up (~0.1 ms of a ~1 ms request/response). With
         # other jobs in flight, verdicts go to the acker and on to storage in batches. Never
         # from the async pool's event loop: a storage call there would block every job on the
-        # loop, and Django refuses database calls from a thread running an event loop.
+        # loop, and Django refuses database calls from a thread running an event loop. Nor
+        # where a storage call holds a connection per calling thread (the database backend):
+        # the server's connections would grow with the handler threads.
         with self._cond:
             direct = (
-                len(self._inflight) == 1
+                not self.storage.connection_per_thread
+                and len(self._inflight) == 1
                 and not self._acker_busy
                 and self._acks.empty()
                 and not self.stopping

@@ -28,6 +28,18 @@ def slow(job):
     return job.id
 
 
+@handler("tests-orm")
+def orm(job):
+    """Handler code that uses the ORM: a query on payload["alias"], then a sleep of
+    payload["seconds"] while the thread's connection is still open."""
+    from django.db import connections
+
+    with connections[job.payload["alias"]].cursor() as cursor:
+        cursor.execute("SELECT 1")
+    time.sleep(job.payload.get("seconds", 0))
+    return job.id
+
+
 @handler("tests-ledger")
 def ledger(job):
     """Appends "start" and "end" lines (id, pid, epoch seconds) around a sleep of

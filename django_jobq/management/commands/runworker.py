@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -16,6 +17,8 @@ from ...worker.pools import POOLS
 
 if TYPE_CHECKING:
     from ...contrib.celery.bridge import KombuBridge
+
+logger = logging.getLogger("django_jobq.worker")
 
 
 def _min_max(text: str) -> tuple[int, int]:
@@ -148,7 +151,8 @@ class Command(BaseCommand):
         # Refuse a bad configuration before forking, not N times after (each child in a loop).
         subs = self._subscribers(options)  # also imports what each child's _serve imports
         if queues:
-            self._worker(queues, dict(options, worker_id=None))
+            worker = self._worker(queues, dict(options, worker_id=None))
+            self._warn_connections(worker.concurrency, processes)
         elif subs is None:
             raise CommandError("no queues given and no handlers registered (jobs.py modules)")
         get_storage()  # imports the backend's client library in the parent
@@ -160,7 +164,7 @@ class Command(BaseCommand):
 
         def serve(index: int) -> int:
             reset_storage()  # the parent's (never connected) storage object stays unused
-            child = dict(options, processes=1)
+            child = dict(options, processes=1, budget_checked=True)
             if base_id:
                 child["worker_id"] = f"{base_id[:120]}-{index}"
             if port:  # one endpoint per process: PORT, PORT+1, ...
@@ -171,6 +175,18 @@ class Command(BaseCommand):
         status = Prefork(processes, serve).run()
         if status:
             raise CommandError("a worker process did not stop cleanly (see the log above)")
+
+    def _warn_connections(self, concurrency: int, processes: int) -> None:
+        """Say at start, not at the first "too many clients", when the handler threads of
+        every process could take more connections than a database server allows."""
+        from ...checks import connection_budget
+
+        for problem in connection_budget(concurrency, processes):
+            logger.warning(
+                "%s: lower --concurrency or --processes, use Django's connection pool "
+                "(OPTIONS['pool']) or raise the server's max_connections (docs/workers.md)",
+                problem,
+            )
 
     def _worker(self, queues: list[str], options: dict[str, Any]) -> Worker:
         try:
@@ -203,6 +219,8 @@ class Command(BaseCommand):
             # Both in one process: two registrations, so two ids (one would hide the other).
             subs.worker_id = f"{subs.worker_id[:116]}-subscribers"
         worker = self._worker(queues, options)
+        if not options.get("budget_checked"):
+            self._warn_connections(worker.concurrency, 1)
         bridge = self._bridge(options, worker)
         metrics_server = self._metrics(worker, options)
 

@@ -207,7 +207,27 @@ class StorageCollector:
             paused.add_metric([logical], int(any(storage.is_paused(n) for n in names)))
         families = [depth, oldest, dead, calls, paused, *self._workers(storage, g, now)]
         lag = self._mirror_lag(storage, g, now)
-        return families if lag is None else [*families, lag]
+        return families if lag is None else [*families, lag, self._lost(g)]
+
+    @staticmethod
+    def _lost(g: Any) -> Any:
+        """Accepted jobs Redis lost before they finished (rows the mirror marked ``lost``,
+        until retention purges them): one grouped read of a partial index of those rows."""
+        from django.db.models import Count
+
+        from ...models import Job
+
+        lost = g("jobq_jobs_lost", "Accepted jobs Redis lost before they finished (mirror rows)",
+                 labels=["queue"])  # fmt: skip
+        rows = Job.objects.using(jobq_settings()["MIRROR"]["DATABASE_ALIAS"])
+        totals: dict[str, int] = {}
+        grouped = rows.filter(state="lost").values("queue").annotate(n=Count("id")).order_by()
+        for row in grouped:
+            logical = logical_name(row["queue"])
+            totals[logical] = totals.get(logical, 0) + row["n"]
+        for logical, n in totals.items():
+            lost.add_metric([logical], n)
+        return lost
 
     @staticmethod
     def _workers(storage: Storage, g: Any, now: float) -> list[Any]:

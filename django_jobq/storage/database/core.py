@@ -148,6 +148,8 @@ def _moves(mode: RunAtUpdate, current: int, due: int) -> bool:
 class DatabaseCore(Storage):
     """Connections, transactions and raw SQL shared by every transition."""
 
+    connection_per_thread = True
+
     def unavailable(self, exc: Exception) -> StorageUnavailable | None:
         """A lost or refused connection, a server shutting down, SQLite locked past its busy
         timeout: ``OperationalError`` / ``InterfaceError``. Not integrity or programming

@@ -32,7 +32,7 @@ def child_main(conn: Any, settings_module: str) -> None:
     django.setup()
     from ...job import ClaimedJob
     from ...tasks.registry import registry
-    from ..execution import execute, execute_batch, make_job
+    from ..execution import close_old_connections, execute, execute_batch, make_job
 
     runs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
     replies: queue.SimpleQueue[bool] = queue.SimpleQueue()
@@ -82,6 +82,7 @@ def child_main(conn: Any, settings_module: str) -> None:
             acks = execute_batch(claimed, registry, jobs)
         else:
             acks = [execute(claimed[0], registry, jobs[0])]
+        close_old_connections()
         current.clear()
         conn.send(("acks", acks))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...job import ClaimedJob, Job
 from ...storage.base import Ack
 from ...tasks.registry import HandlerRegistry
-from ..execution import execute, execute_batch
+from ..execution import close_old_connections, execute, execute_batch
 
 
 class ThreadRunner:
@@ -28,10 +28,16 @@ class ThreadRunner:
         """A thread is always ready for its next job."""
 
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
-        return execute(claimed, self.handlers, job)
+        try:
+            return execute(claimed, self.handlers, job)
+        finally:
+            close_old_connections()
 
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
-        return execute_batch(claimed, self.handlers, jobs)
+        try:
+            return execute_batch(claimed, self.handlers, jobs)
+        finally:
+            close_old_connections()
 
     def kill(self, key: tuple[str, str, int]) -> None:
         """A thread cannot be killed: a forced cancel is cooperative here (the job's flag)."""
