@@ -317,6 +317,49 @@ def test_obliterate_deletes_the_journal_so_reconcile_brings_nothing_back(q, stor
     assert [q.get_status(i) for i in ("a", "b", "later")] == [None, None, None]
 
 
+@pytest.mark.parametrize("when", ["before the re-creation", "while the obliterate runs"])
+def test_reconcile_racing_obliterate_never_brings_an_obliterated_job_back(
+    q, storage, alias, monkeypatch, when
+):
+    """Issue 36, item 8: reconcile reads the journal, an obliterate deletes the queue (its
+    records, then its entries), and reconcile, finding the records gone, would re-create the
+    jobs the operator just deleted. The re-creation is fenced by the queue's obliteration
+    generation, read before the entries: an obliterate in between refuses it."""
+    q.enqueue_many([("a", 1), ("b", 2)])
+    if when == "while the obliterate runs":  # its keys are gone, its entries not yet
+        job_states = storage.job_states
+
+        def obliterate_first(queue, ids):
+            monkeypatch.setattr(storage, "job_states", job_states)
+            storage.obliterate(QUEUE, force=True)
+            return job_states(queue, ids)
+
+        monkeypatch.setattr(storage, "job_states", obliterate_first)
+    else:  # Redis lost the queue; an operator obliterates it as reconcile re-creates it
+        lose_queue(storage.client, storage.prefix)
+        register_queue = storage.register_queue
+
+        def obliterate_first(queue):
+            monkeypatch.setattr(storage, "register_queue", register_queue)
+            q.obliterate(force=True)
+            register_queue(queue)
+
+        monkeypatch.setattr(storage, "register_queue", obliterate_first)
+    report = reconcile(storage, [QUEUE], min_age=0)[QUEUE]
+    assert (report.recreated, report.fenced) == (0, True), report
+    assert [q.get_status(i) for i in ("a", "b")] == [None, None]
+    if when == "while the obliterate runs":
+        # Reconcile keeps off a queue whose obliterate has not finished (here: it died half
+        # way); calling it again finishes, and the entries go with it.
+        assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].fenced
+        q.obliterate(force=True)
+    assert entries(alias) == {}
+    q.enqueue("c", 3)  # after the obliterate: a new job, journaled and re-created as usual
+    storage.client.delete(storage.keys(QUEUE).job("c"), storage.keys(QUEUE).queued)
+    assert reconcile(storage, [QUEUE], min_age=0)[QUEUE].recreated == 1
+    assert q.get_status("c") is not None
+
+
 def test_obliterate_refused_for_active_jobs_keeps_the_journal(q, storage, alias):
     q.enqueue("running", 1)
     storage.claim(QUEUE, "w1", 1, 30_000)

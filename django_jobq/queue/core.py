@@ -858,6 +858,8 @@ class Queue:
             forget(self.name, started)
         if hasattr(self.storage, "read_group"):  # a backend with a model mirror (Redis)
             self._forget_mirror_rows()
+        if hasattr(self.storage, "obliterated"):  # reconcile may re-create again (fenced)
+            self.storage.obliterated(self.name)
         return removed
 
     # Deleting jobs of a project that uses the journal deletes their journal entries too, even

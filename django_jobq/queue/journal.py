@@ -247,6 +247,7 @@ class ReconcileReport:
     recreated: int = 0  # Redis did not know the job: enqueued again, same id and options
     finished: int = 0  # the job finished (Redis or the mirror says so): entry deleted
     dropped: int = 0  # re-sending was answered by another job (its dedup key) or a finished id
+    fenced: bool = False  # stopped: the queue was being obliterated (entries left to it)
 
     def __str__(self) -> str:
         return (
@@ -299,6 +300,13 @@ def _reconcile_queue(
     entries = JournalEntry.objects.using(using).filter(queue=queue, created_ms__lte=cutoff)
     last_pk = 0
     while True:
+        # Read before the entries: an obliterate that starts after this moves it, and the
+        # re-creation below is then refused (an entry read before the obliterate deleted it
+        # would otherwise bring its job back). Odd: an obliterate is under way, wait for it.
+        generation = _generation(storage, queue)
+        if generation % 2:
+            report.fenced = True
+            return report
         rows = list(
             entries.filter(pk__gt=last_pk)
             .order_by("pk")
@@ -326,20 +334,39 @@ def _reconcile_queue(
             continue
         # created_ms <= cutoff: an id enqueued again since we read it keeps its new entry.
         entries.filter(pk__in=finished).delete()
-        if missing:
-            _recreate(storage, queue, [pk for pk, _, _ in missing], entries, report)
+        if missing and not _recreate(
+            storage, queue, [pk for pk, _, _ in missing], entries, report, generation
+        ):
+            return report
+
+
+def _generation(storage: Storage, queue: str) -> int:
+    """The queue's obliteration generation (Redis; 0 where nothing obliterates behind us)."""
+    read = getattr(storage, "generation", None)
+    return 0 if read is None else int(read(queue))
 
 
 def _recreate(
-    storage: Storage, queue: str, pks: list[int], entries: Any, report: ReconcileReport
-) -> None:
+    storage: Storage, queue: str, pks: list[int], entries: Any, report: ReconcileReport,
+    generation: int,
+) -> bool:  # fmt: skip
+    """Enqueue the entries' jobs again; False when an obliterate started since the entries
+    were read (nothing was enqueued: the entries are its to delete)."""
     rows = list(entries.filter(pk__in=pks).values_list("pk", "job_id", "payload",
                                                           "content_type", "options"))  # fmt: skip
     if not rows:
-        return
+        return True
     jobs = [decode_job(job_id, payload, ctype, opts) for _, job_id, payload, ctype, opts in rows]
     storage.register_queue(queue)
-    results = storage.enqueue_many(queue, jobs)
+    fenced = getattr(storage, "enqueue_fenced", None)
+    if fenced is None:
+        results = storage.enqueue_many(queue, jobs)
+    elif (answer := fenced(queue, jobs, generation)) is None:
+        logger.info("%s: obliterated while reconciling; nothing re-created", queue)
+        report.fenced = True
+        return False
+    else:
+        results = answer
     stale, recreated = [], []
     for (pk, *_), job, result in zip(rows, jobs, results, strict=True):
         if result.job_id != job.job_id or result.state in TERMINAL_STATES:
@@ -358,6 +385,7 @@ def _recreate(
         )  # fmt: skip
     if stale:
         entries.filter(pk__in=stale).delete()
+    return True
 
 
 def _removed(storage: Storage, queue: str, rows: list[tuple[int, str, int]]) -> set[str]:

@@ -158,6 +158,13 @@ class QueueKeys:
         return f"{self.tag}:capped"
 
     @property
+    def generation(self) -> str:
+        """STRING: how many times the queue was obliterated, times two, plus one while an
+        obliterate runs; the one key obliterate keeps, so that reconcile's re-creations can
+        be fenced against it (enqueue.lua, control.lua)."""
+        return f"{self.tag}:generation"
+
+    @property
     def everything(self) -> str:
         """Glob pattern (hash tag escaped) of every key of the queue, for obliterate's SCAN."""
         return "".join("\\" + c if c in "*?[]\\" else c for c in self.tag) + ":*"

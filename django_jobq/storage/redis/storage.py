@@ -1217,17 +1217,17 @@ class RedisStorage(Storage):
         the queue stays paused with part of its keys: calling again finishes the job."""
         k = self.keys(queue)
         args = ["obliterate", 1 if force else 0]
-        if self.scripts.call("control", [k.config, k.wake, k.active], args) == -1:
+        if self.scripts.call("control", [k.config, k.wake, k.active, k.generation], args) == -1:
             raise QueueBusy(queue)
         last_event, _added = self.stream_position(queue)
         job_prefix = k.job_prefix.encode()
-        config = k.config.encode()
+        kept = (k.config.encode(), k.generation.encode())
         removed = 0
         keys: list[bytes] = []
 
         def flush() -> int:
             jobs = [key for key in keys if key.startswith(job_prefix)]
-            others = [key for key in keys if not key.startswith(job_prefix) and key != config]
+            others = [key for key in keys if not key.startswith(job_prefix) and key not in kept]
             keys.clear()
             if others:
                 self.client.unlink(*others)
@@ -1250,6 +1250,28 @@ class RedisStorage(Storage):
         pipe.srem(self.global_keys.queues, queue)
         pipe.execute()
         return removed
+
+    def obliterated(self, queue: str) -> None:
+        """The obliterate of ``queue`` is over (its journal entries are gone too): reconcile
+        may re-create its jobs again, fenced by the new generation."""
+        k = self.keys(queue)
+        self.scripts.call("control", [k.config, k.wake, k.active, k.generation], ["obliterated"])
+
+    def generation(self, queue: str) -> int:
+        """The queue's obliteration generation (``keys.generation``): odd while one runs."""
+        return int(self.client.get(self.keys(queue).generation) or 0)
+
+    def enqueue_fenced(
+        self, queue: str, jobs: Sequence[NewJob], generation: int
+    ) -> list[StoredEnqueue] | None:
+        """``enqueue_many`` that stores nothing and returns None when the queue's generation
+        is no longer ``generation``: reconcile re-creates what it read from the journal
+        only if no obliterate started since it read it (issue 36, item 8). One call."""
+        name, keys, args = self._enqueue_call(queue, jobs)
+        raw = self.scripts.call(name, [*keys, self.keys(queue).generation], [*args, generation])
+        if raw == [-1]:
+            return None
+        return self._parse_enqueue(jobs, raw)
 
     # -- event consumer groups (the model mirror) -------------------------------------------
     # Redis-only: a consumer group remembers what it has read and what is acknowledged, so the

@@ -13,6 +13,9 @@ KEYS[7] successor key prefix  "{p:q}:succ:"
 KEYS[8] dedup key prefix      "{p:q}:dedup:"
 KEYS[9] blocked               SET of ids with a successor
 KEYS[10] stats                HASH (the retrying count, when an update promotes one)
+KEYS[11] generation           STRING (reconcile's re-creations only, ``enqueue_fenced``): the
+  queue's obliteration counter; the last ARGV item is its value when the caller read the
+  journal, and the call stores nothing and returns {-1} when it has moved since
 
 ARGV[1] now (ms; 0 = server TIME)
 ARGV[2] events MAXLEN
@@ -48,6 +51,11 @@ an update that moves a due time. Wakes one worker when any job is queued.
 local job_prefix, queued_key, scheduled_key = KEYS[1], KEYS[2], KEYS[3]
 local wake_key, seq_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local succ_prefix, dedup_prefix, blocked_key = KEYS[7], KEYS[8], KEYS[9]
+local last_arg = #ARGV
+if KEYS[11] then
+  if (redis.call('GET', KEYS[11]) or '0') ~= ARGV[last_arg] then return {-1} end
+  last_arg = last_arg - 1
+end
 local now = now_ms(ARGV[1])
 local maxlen = ARGV[2]
 local SET_WIDTH = 10
@@ -59,7 +67,7 @@ local woke = false
 local queued_args, scheduled_args = {}, {}
 -- One INCRBY reserves a FIFO sequence number for every job of the call (ids that turn out to
 -- be duplicates leave gaps, which order does not mind): one command instead of one per job.
-local njobs = (#ARGV - first_job + 1) / 3
+local njobs = (last_arg - first_job + 1) / 3
 local seq = redis.call('INCRBY', seq_key, njobs) - njobs
 
 -- Send the gathered ZADDs. Also called before an update re-indexes a job (move_due), so that
@@ -249,7 +257,7 @@ local function scheduling()
   return r
 end
 
-for base = first_job, #ARGV, 3 do
+for base = first_job, last_arg, 3 do
   seq = seq + 1
   local id = ARGV[base]
   local set = ARGV[base + 2]
