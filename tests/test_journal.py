@@ -360,6 +360,21 @@ def test_reconcile_racing_obliterate_never_brings_an_obliterated_job_back(
     assert q.get_status("c") is not None
 
 
+def test_reconcile_of_a_sharded_queue_s_name_reads_its_partitions_entries(
+    storage, redis_client, redis_prefix, alias
+):
+    """The entries of a sharded queue are its partitions' (``orders~1of3``): asking for
+    ``orders`` (``jobq_reconcile orders``, ``runreaper orders``) must reach them."""
+    sharded = Queue("jsharded", storage=storage, durability="journal", shards=3)
+    sharded.enqueue_many([(f"s{i}", i) for i in range(9)])
+    for partition in sharded.partition_names:  # its tag is pinned to a slot range
+        keys = list(redis_client.scan_iter(match=storage.keys(partition).everything))
+        redis_client.delete(*keys)
+    reports = reconcile(storage, ["jsharded"], min_age=0)
+    assert sum(r.recreated for r in reports.values()) == 9
+    assert all(sharded.get_status(f"s{i}") is not None for i in range(9))
+
+
 def test_obliterate_refused_for_active_jobs_keeps_the_journal(q, storage, alias):
     q.enqueue("running", 1)
     storage.claim(QUEUE, "w1", 1, 30_000)

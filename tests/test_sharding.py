@@ -390,6 +390,30 @@ def test_a_worker_given_the_logical_name_serves_every_partition(live_storage, se
     assert sorted(j for _, j in seen) == sorted(ids)
 
 
+def test_a_reaper_given_the_logical_name_sweeps_every_partition(live_storage, settings):
+    """``runreaper orders`` of a sharded queue recovers the stalled jobs of its partitions
+    (it swept an empty plain queue named ``orders`` before), and the journal's reconcile of
+    ``orders`` reads its partitions' entries."""
+    from django_jobq.worker.reaper import Reaper
+
+    name = unique()
+    settings.JOBQ = {**settings.JOBQ, "QUEUES": {name: {"shards": 3}}}
+    queue = Queue(name, storage=live_storage)
+    ids = [f"st{i}" for i in range(12)]
+    queue.enqueue_many([(j, None) for j in ids])
+    for partition in queue.partition_names:  # every job claimed under a lease of 1 ms
+        live_storage.claim(partition, "dead-worker", 100, 1)
+    assert sum(p.counts()[JobState.ACTIVE] for p in queue.partitions) == len(ids)
+    reaper = Reaper([name], storage=live_storage, mirror=False, schedules=False)
+    assert set(queue.partition_names) <= set(reaper.queues())
+
+    def swept() -> bool:
+        reaper.run_once()
+        return queue.counts().get(JobState.QUEUED, 0) == len(ids)
+
+    assert wait_until(swept, timeout=30)  # the leases end by the storage's clock
+
+
 def test_a_flow_across_sharded_queues_releases_its_parent(live_storage, settings):
     """Parents and children are named by their partition in the flow's envelopes, so the
     storage steps that find and release them reach the right one."""

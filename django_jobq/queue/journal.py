@@ -40,6 +40,7 @@ from ..job import (
     StoredEnqueue,
 )
 from ..states import TERMINAL_STATES, JobState
+from ..validation import logical_name
 
 if TYPE_CHECKING:
     from ..storage.base import Storage
@@ -283,7 +284,10 @@ def reconcile(
     using = using or conf["DATABASE_ALIAS"]
     min_age = conf["MIN_AGE"] if min_age is None else min_age
     batch = batch or conf["BATCH"]
-    names = list(queues) if queues else journal_queues(using)
+    names = journal_queues(using)
+    if queues:  # a sharded queue's name stands for its partitions' entries (any count's)
+        wanted = set(queues)
+        names = sorted({*wanted, *(n for n in names if logical_name(n) in wanted)})
     cutoff = now_ms() - int(min_age * 1000)
     return {
         name: _reconcile_queue(storage, name, cutoff, dry_run=dry_run, batch=batch, using=using)

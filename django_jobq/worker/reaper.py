@@ -19,8 +19,10 @@ from .. import signals
 from ..backend import get_storage
 from ..conf import jobq_settings, journal_in_settings
 from ..queue.flows import resolve_parked
+from ..queue.sharding import served_queues
 from ..storage.base import ReapReport, Storage
 from ..tasks.registry import registry
+from ..validation import logical_name
 from .lifecycle import apply_configured_retention
 
 logger = logging.getLogger("django_jobq.reaper")
@@ -77,9 +79,14 @@ class Reaper:
         self._mirror_check_error: tuple[str, float] | None = None
 
     def queues(self) -> list[str]:
-        """Explicit queues, else every queue that was enqueued to, has a handler or settings."""
+        """Explicit queues, else every queue that was enqueued to, has a handler or settings.
+        A sharded queue named explicitly is its partitions (those of an earlier shard count
+        too, while registered): its stalled jobs and due retries live there, not under its
+        name (``runreaper orders`` swept an empty plain queue before)."""
         if self.fixed_queues:
-            return self.fixed_queues
+            physical = [n for n in self.fixed_queues if logical_name(n) != n]
+            logical = [n for n in self.fixed_queues if logical_name(n) == n]
+            return [*served_queues(logical, self.storage.list_queues()), *physical]
         known = set(self.storage.list_queues()) | set(registry.queues())
         known |= set(jobq_settings()["QUEUES"])
         return sorted(known)

@@ -283,9 +283,10 @@ def main(argv: list[str]) -> None:
 
     import tests.settings as test_settings
 
+    shards = int(os.environ.get("JOBQ_CHAOS_SHARDS", "1"))  # the cluster tests shard it
     test_settings.JOBQ = {
         **test_settings.JOBQ,
-        "QUEUES": {QUEUE: {"durability": "journal"}},
+        "QUEUES": {QUEUE: {"durability": "journal", **({"shards": shards} if shards > 1 else {})}},
         "JOURNAL": {"DATABASE_ALIAS": "pg", "MIN_AGE": 2.0, "RECONCILE_INTERVAL": 2.0},
     }
     django.setup()

@@ -126,11 +126,14 @@ def fault_cluster(tmp_path):
 class Rig:
     """Producers, two workers and a reaper on ``cluster``, in the given durability."""
 
-    def __init__(self, cluster: LocalCluster, tmp_path: Path, settings, durability: str) -> None:
+    def __init__(
+        self, cluster: LocalCluster, tmp_path: Path, settings, durability: str, shards: int = 1
+    ) -> None:
         self.cluster = cluster
         self.ledger = Ledger(LEDGER_DB)
         self.procs = Processes(tmp_path, cluster.url)
         self.procs.env["JOBQ_CHAOS_LEDGER_DB"] = LEDGER_DB
+        self.procs.env["JOBQ_CHAOS_SHARDS"] = str(shards)
         # The journal's database as this test sees it (pytest-django's, suffixed per xdist
         # process), so that the reaper reconciles the journal the producers wrote.
         self.procs.env["JOBQ_TEST_PG_DB"] = settings.DATABASES["pg"]["NAME"]
@@ -139,13 +142,18 @@ class Rig:
             "BACKEND": "redis",
             "REDIS_URL": cluster.url,
             "PREFIX": "jobq",
-            "QUEUES": {QUEUE: {"durability": durability}},
+            "QUEUES": {
+                QUEUE: {"durability": durability, **({"shards": shards} if shards > 1 else {})}
+            },
             "JOURNAL": {"DATABASE_ALIAS": "pg", "MIN_AGE": 2.0},
             "MIRROR": {"ENABLED": False, "DATABASE_ALIAS": "pg"},
         }
         self.client = client_from_url(cluster.url)
         self.queue = Queue(QUEUE, storage=RedisStorage(self.client, prefix="jobq"))
         assert self.queue.durability == durability
+        # The queue's first physical queue (its first partition when sharded): the one whose
+        # master the faults hit. A sharded queue's other partitions live on other masters.
+        self.physical = getattr(self.queue, "partition_names", [QUEUE])[0]
         self.calls = Calls()
 
     def start(self, reconcile: bool) -> list[int]:
@@ -176,7 +184,7 @@ class Rig:
         return threads, started
 
     def settled(self) -> bool:
-        counts = self.queue.storage.counts(QUEUE)
+        counts = self.queue.counts()  # a sharded queue's: summed over its partitions
         return sum(counts[s] for s in counts if s.value in ("queued", "scheduled", "active")) == 0
 
     def stop(self) -> None:
@@ -184,14 +192,17 @@ class Rig:
         self.client.close()
 
 
+@pytest.mark.parametrize("shards", [1, 3], ids=["one-queue", "sharded-3"])
 @pytest.mark.parametrize("durability", ["journal", "redis"])
 def test_a_master_killed_under_load_loses_no_accepted_job_with_the_journal(
-    request, fault_cluster, tmp_path, settings, durability
+    request, fault_cluster, tmp_path, settings, durability, shards
 ):
-    rig = Rig(fault_cluster, tmp_path, settings, durability)
+    """Sharded (issue 36): the master of one of the three partitions is killed mid-drain;
+    the other partitions, on the other masters, go on being served meanwhile."""
+    rig = Rig(fault_cluster, tmp_path, settings, durability, shards)
     try:
         pids = rig.start(reconcile=durability == "journal")
-        tag = rig.queue.storage.keys(QUEUE).wake
+        tag = rig.queue.storage.keys(rig.physical).wake
         victim = fault_cluster.master_of(tag)
         threads, started = rig.produce(JOBS, SECONDS)
         time.sleep(max(0.0, started + 4.0 - time.time()))  # the fault comes 4 s into the load
@@ -217,6 +228,7 @@ def test_a_master_killed_under_load_loses_no_accepted_job_with_the_journal(
 
         out = io.StringIO()
         if durability == "journal":
+            # A sharded queue's name reconciles its partitions' entries.
             call_command("jobq_reconcile", QUEUE, "--min-age", "0", stdout=out)
             assert wait_until(lambda: rig.ledger.figures()["lost"] == 0, 180, 0.5), (
                 rig.ledger.lost_ids()
@@ -227,7 +239,8 @@ def test_a_master_killed_under_load_loses_no_accepted_job_with_the_journal(
         recovery = max(rig.ledger.first_start_after(promoted_at, p) - killed_at for p in pids)
         write_report(
             request.node.nodeid,
-            fault=f"cluster master SIGKILLed, replica {LAG:.0f} s behind promoted ({durability})",
+            fault=f"cluster master SIGKILLed, replica {LAG:.0f} s behind promoted ({durability}"
+            f"{', one of 3 partitions' if shards > 1 else ''})",
             load=f"{JOBS} jobs over {SECONDS:.0f} s, 3 producers, 2 workers x 8",
             accepted=rig.calls.accepted, errors=len(rig.calls.errors),
             lost=figures["lost"], duplicated=figures["duplicated"],
@@ -248,16 +261,18 @@ def test_a_master_killed_under_load_loses_no_accepted_job_with_the_journal(
         rig.stop()
 
 
+@pytest.mark.parametrize("shards", [1, 3], ids=["one-queue", "sharded-3"])
 def test_the_queue_slot_migrated_to_another_master_under_load_loses_nothing(
-    request, fault_cluster, tmp_path, settings
+    request, fault_cluster, tmp_path, settings, shards
 ):
     """No journal: a migration must lose nothing by itself. MOVED and ASK are followed by the
     clients; TRYAGAIN (a script whose keys are split between the two nodes) is retried, then
-    refused as StorageUnavailable: such an enqueue was not accepted, so it is not a loss."""
-    rig = Rig(fault_cluster, tmp_path, settings, "redis")
+    refused as StorageUnavailable: such an enqueue was not accepted, so it is not a loss.
+    Sharded: one partition's slot moves onto the master of another partition."""
+    rig = Rig(fault_cluster, tmp_path, settings, "redis", shards)
     try:
         pids = rig.start(reconcile=False)
-        tag = rig.queue.storage.keys(QUEUE).wake
+        tag = rig.queue.storage.keys(rig.physical).wake
         source = fault_cluster.master_of(tag)
         target = next(p for p in fault_cluster.masters() if p != source)
         threads, started = rig.produce(JOBS, SECONDS)
@@ -276,7 +291,8 @@ def test_the_queue_slot_migrated_to_another_master_under_load_loses_nothing(
         figures = rig.ledger.figures()
         write_report(
             request.node.nodeid,
-            fault="the queue's slot migrated to another master (MIGRATE in batches of 10 keys)",
+            fault="the queue's slot migrated to another master (MIGRATE in batches of 10 keys"
+            f"{', one of 3 partitions' if shards > 1 else ''})",
             load=f"{JOBS} jobs over {SECONDS:.0f} s, 3 producers, 2 workers x 8",
             keys_moved=moved, migration_s=round(ended - began, 2),
             accepted=rig.calls.accepted, errors=len(rig.calls.errors),
