@@ -201,12 +201,17 @@ def health_report(visible: Callable[[list[str]], list[str]] | None = None
         ages: dict[str, float] = {}
         for name, age in oldest_waiting(storage, alias, physical).items():
             ages[logical_name(name)] = max(age, ages.get(logical_name(name), 0.0))
+        summaries = storage.queue_summaries(physical)  # pipelined: not reads per queue
+        waiting: dict[str, int] = {}
+        paused: dict[str, bool] = {}
+        for name, summary in summaries.items():
+            logical = logical_name(name)
+            waiting[logical] = waiting.get(logical, 0) + summary.counts.get(JobState.QUEUED, 0)
+            paused[logical] = paused.get(logical, False) or summary.paused
         for name in queues:
-            q = get_queue(name)
-            counts = q.counts()
             report["queues"].append({
-                "name": name, "paused": q.is_paused(),
-                "waiting": counts.get(JobState.QUEUED, 0),
+                "name": name, "paused": paused.get(name, False),
+                "waiting": waiting.get(name, 0),
                 "oldest_waiting_seconds": ages.get(name),
             })  # fmt: skip
         lag, backlog = mirror_check.lag(storage, physical)

@@ -98,6 +98,17 @@ class ReapReport:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueSummary:
+    """What a listing or a metrics scrape reads of each queue (``Storage.queue_summaries``)."""
+
+    counts: dict[JobState, int]
+    oldest_queued: int | None  # epoch ms (``Storage.oldest_queued``)
+    dead: int
+    failure_calls: int
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     worker_id: str
     info: dict
@@ -494,6 +505,22 @@ class Storage(abc.ABC):
         one failed three times over is one failed job. The database counts the rows it holds;
         Redis and memory count jobs that reached the state (Redis drops an expired record
         without telling, so records past their result TTL or retention stay counted there)."""
+
+    def queue_summaries(self, queues: Sequence[str]) -> dict[str, QueueSummary]:
+        """``counts``, ``oldest_queued``, ``count_dead``, ``count_failure_calls`` and
+        ``is_paused`` of every queue named. Why one call: a scrape of 10,000 queues made six
+        round trips a queue (38 s, past Prometheus's timeout); Redis answers this in two
+        pipelined round trips per ``SUMMARY_CHUNK`` queues. The default asks one by one."""
+        return {
+            q: QueueSummary(
+                self.counts(q),
+                self.oldest_queued(q),
+                self.count_dead(q),
+                self.count_failure_calls(q),
+                self.is_paused(q),
+            )  # fmt: skip
+            for q in queues
+        }
 
     def oldest_queued(self, queue: str) -> int | None:
         """Epoch ms since when the job first in line has been runnable (the later of its

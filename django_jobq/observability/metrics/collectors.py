@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...backend import get_storage
@@ -141,6 +141,9 @@ def known_queues(storage: Storage) -> list[str]:
     return sorted(names | set(jobq_settings()["QUEUES"]))
 
 
+LAG_CHUNK = 500  # queues per statement and per events read of the mirror-lag gauge
+
+
 class StorageCollector:
     """Queue and worker gauges of one storage, read when collected.
 
@@ -193,18 +196,20 @@ class StorageCollector:
         groups: dict[str, list[str]] = {}
         for name in self._queues(storage):
             groups.setdefault(logical_name(name), []).append(name)
+        summaries = storage.queue_summaries([n for names in groups.values() for n in names])
         for logical, names in groups.items():
+            parts = [summaries[n] for n in names]
             states: dict[str, int] = {}
-            for name in names:
-                for found, n in storage.counts(name).items():
+            for part in parts:
+                for found, n in part.counts.items():
                     states[str(found)] = states.get(str(found), 0) + n
             for label, n in states.items():
                 depth.add_metric([logical, label], n)
-            firsts = [s for s in (storage.oldest_queued(n) for n in names) if s is not None]
+            firsts = [p.oldest_queued for p in parts if p.oldest_queued is not None]
             oldest.add_metric([logical], max(0.0, (now - min(firsts)) / 1000) if firsts else 0.0)
-            dead.add_metric([logical], sum(storage.count_dead(n) for n in names))
-            calls.add_metric([logical], sum(storage.count_failure_calls(n) for n in names))
-            paused.add_metric([logical], int(any(storage.is_paused(n) for n in names)))
+            dead.add_metric([logical], sum(p.dead for p in parts))
+            calls.add_metric([logical], sum(p.failure_calls for p in parts))
+            paused.add_metric([logical], int(any(p.paused for p in parts)))
         families = [depth, oldest, dead, calls, paused, *self._workers(storage, g, now)]
         lag = self._mirror_lag(storage, g, now)
         return families if lag is None else [*families, lag, self._lost(g)]
@@ -254,23 +259,50 @@ class StorageCollector:
 
         lag = g("jobq_mirror_lag_seconds", "Age of the oldest event not yet mirrored",
                 labels=["queue"])  # fmt: skip
-        rows = JobEvent.objects.using(conf["DATABASE_ALIAS"])
+        alias = conf["DATABASE_ALIAS"]
         ages: dict[str, float] = {}
-        for name in self._queues(storage):
-            last = (
-                rows.filter(queue=name).exclude(stream_id="").order_by("-id")
-                .values_list("stream_id", flat=True).first()
-            )  # fmt: skip
+        names = list(self._queues(storage))
+        for start in range(0, len(names), LAG_CHUNK):  # two reads a chunk, not two a queue
+            chunk = names[start : start + LAG_CHUNK]
+            after = {n: last or "0" for n, last in last_mirrored(JobEvent, alias, chunk).items()}
             try:
-                pending = storage.read_events(name, after=last or "0", count=1)
-            except EventsLost:  # the last row's event was trimmed: the oldest kept is behind
-                pending = storage.read_events(name, after="0", count=1)
-            age = max(0.0, (now - pending[0].at) / 1000) if pending else 0.0
-            logical = logical_name(name)  # a sharded queue: its most lagging partition
-            ages[logical] = max(ages.get(logical, 0.0), age)
+                pending = storage.read_events_many(after, count=1)
+            except EventsLost:  # a last row's event was trimmed: read that chunk one by one
+                pending = {n: _pending(storage, n, a) for n, a in after.items()}
+            for name, events in pending.items():
+                age = max(0.0, (now - events[0].at) / 1000) if events else 0.0
+                logical = logical_name(name)  # a sharded queue: its most lagging partition
+                ages[logical] = max(ages.get(logical, 0.0), age)
         for logical, age in ages.items():
             lag.add_metric([logical], age)
         return lag
+
+
+def _pending(storage: Storage, name: str, after: str) -> list[Any]:
+    try:
+        return storage.read_events(name, after=after, count=1)
+    except EventsLost:  # the last row's event was trimmed: the oldest kept is behind
+        return storage.read_events(name, after="0", count=1)
+
+
+def last_mirrored(model: Any, alias: str, queues: Sequence[str]) -> dict[str, str | None]:
+    """The stream id of each queue's newest mirrored event row (None: none): one statement
+    for all of them, each a backward walk of the (queue, id) index that stops at its first
+    row with a stream id, as the per-queue query it replaces did."""
+    from django.db import connections
+
+    if not queues:
+        return {}
+    table = connections[alias].ops.quote_name(model._meta.db_table)
+    names = " UNION ALL ".join(["SELECT %s AS name"] * len(queues))
+    # The table name is the model's, quoted; every value is a parameter.
+    sql = (
+        f"SELECT q.name, (SELECT e.stream_id FROM {table} e WHERE e.queue = q.name"  # noqa: S608
+        f" AND e.stream_id <> '' ORDER BY e.id DESC LIMIT 1) FROM ({names}) q"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, list(queues))
+        return dict(cursor.fetchall())
 
 
 class WorkerCollector:

@@ -32,7 +32,7 @@ from ...job import (
     final_outcome,
 )
 from ...states import GROUP_SCAN, PROMOTE_LIMIT, TERMINAL_STATES, JobState
-from ..base import Ack, ClaimBatch, Clock, ReapReport, Storage, WorkerRecord
+from ..base import Ack, ClaimBatch, Clock, QueueSummary, ReapReport, Storage, WorkerRecord
 from . import aio, roundtrip
 from .builders import positional_builder
 from .connection import MAX_BLOCK_SECONDS, blocking_command
@@ -69,6 +69,7 @@ ACK_CHUNK = 500  # completions per complete_many script call
 # Jobs per enqueue script call in bulk: small enough that Redis runs one call while the client
 # packs the next (see Scripts.call_streamed), and bounds how long one call blocks Redis.
 ENQUEUE_CHUNK = 100
+SUMMARY_CHUNK = 500  # queues per pipeline of queue_summaries (metrics, listings)
 # Concurrent single enqueues combined into one call at most (see _Combiner).
 COMBINE_MAX = 100
 # Calls per queue on the wire at once before further callers are combined. Measured with
@@ -85,6 +86,23 @@ def _s(value: bytes | str) -> str:
 
 def _opt_s(value: bytes | str | None) -> str | None:
     return None if value is None else _s(value)
+
+
+def _counts(replies: Sequence[Any]) -> dict[JobState, int]:
+    """``counts`` from its five reads: the queued, active and scheduled ZCARDs, the blocked
+    SCARD and the stats HMGET (retrying jobs sit in the scheduled set too)."""
+    queued, active, scheduled, blocked, (retrying, completed, failed, cancelled) = replies
+    retrying = _i(retrying)
+    return {
+        JobState.SCHEDULED: scheduled - retrying,
+        JobState.QUEUED: queued,
+        JobState.ACTIVE: active,
+        JobState.RETRYING: retrying,
+        JobState.BLOCKED: blocked,
+        JobState.COMPLETED: _i(completed),
+        JobState.FAILED: _i(failed),
+        JobState.CANCELLED: _i(cancelled),
+    }
 
 
 def _i(value: bytes | str | None) -> int:
@@ -985,19 +1003,50 @@ class RedisStorage(Storage):
         pipe.zcard(k.scheduled)
         pipe.scard(k.blocked)
         pipe.hmget(k.stats, "retrying", "completed", "failed", "cancelled")
-        queued, active, scheduled, blocked, (retrying, completed, failed, cancelled) = (
-            pipe.execute()
-        )
-        retrying = _i(retrying)
+        return _counts(pipe.execute())
+
+    def queue_summaries(self, queues: Sequence[str]) -> dict[str, QueueSummary]:
+        out: dict[str, QueueSummary] = {}
+        for start in range(0, len(queues), SUMMARY_CHUNK):
+            out.update(self._summaries(queues[start : start + SUMMARY_CHUNK]))
+        return out
+
+    def _summaries(self, queues: Sequence[str]) -> dict[str, QueueSummary]:
+        """The reads of ``counts``, ``count_dead`` (its pruning included), the failure calls,
+        the pause flag and the queue's head in one pipeline, then the heads' records in a
+        second: two round trips for the chunk, however many queues."""
+        now = self._now()
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            k = self.keys(queue)
+            pipe.zcard(k.queued)
+            pipe.zcard(k.active)
+            pipe.zcard(k.scheduled)
+            pipe.scard(k.blocked)
+            pipe.hmget(k.stats, "retrying", "completed", "failed", "cancelled")
+            pipe.zremrangebyscore(k.dead, "-inf", now)
+            pipe.zcard(k.dead)
+            pipe.zcard(k.onfail)
+            pipe.hexists(k.config, "paused")
+            pipe.zrange(k.queued, 0, 0)
+        replies = pipe.execute()
+        rows = [replies[i : i + 10] for i in range(0, len(replies), 10)]
+        heads = self.client.pipeline(transaction=False)
+        headed = []
+        for queue, row in zip(queues, rows, strict=True):
+            if row[9]:
+                heads.hmget(self.keys(queue).job(_s(row[9][0])), "created", "run_at")
+                headed.append(queue)
+        oldest: dict[str, int | None] = {}
+        for queue, (created, run_at) in zip(headed, heads.execute() if headed else [],
+                                            strict=True):  # fmt: skip
+            # None: claimed or expired between the two reads
+            oldest[queue] = None if created is None else max(_i(created), _opt_i(run_at) or 0)
         return {
-            JobState.SCHEDULED: scheduled - retrying,
-            JobState.QUEUED: queued,
-            JobState.ACTIVE: active,
-            JobState.RETRYING: retrying,
-            JobState.BLOCKED: blocked,
-            JobState.COMPLETED: _i(completed),
-            JobState.FAILED: _i(failed),
-            JobState.CANCELLED: _i(cancelled),
+            queue: QueueSummary(
+                _counts(row[:5]), oldest.get(queue), int(row[6]), int(row[7]), bool(row[8])
+            )  # fmt: skip
+            for queue, row in zip(queues, rows, strict=True)
         }
 
     def oldest_queued(self, queue: str) -> int | None:
