@@ -102,7 +102,7 @@ def test_times_are_stored_as_the_orm_would_store_them(db_alias, ms):
         queue="times", job_id=str(ms), state="completed", handler="h", payload=b"{}",
         content_type="json", attempts=1, max_attempts=1, stalls=0, max_stalls=1, priority=0,
         result_ttl=0, run_at=ms, created_at=ms, started_at=ms, finished_at=ms, expires_at=ms,
-        worker="", min_backoff=0, max_backoff=0, token=0, waiters=0,
+        worker="", min_backoff=0, max_backoff=0, token=0, waiters=0, mirror_seq=0,
     )  # fmt: skip
     with transaction.atomic(using=db_alias):
         upsert_jobs(Job, db_alias, [tuple(values[c] for c in JOB_COLUMNS)])

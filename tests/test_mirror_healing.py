@@ -394,3 +394,31 @@ def test_a_gap_is_said_in_health_and_the_admin_banner(
     banner = mirror_banner()
     assert banner is not None and Q in banner and "re-read" in banner
     assert recent_gaps(storage, within=0) == []  # reported for a while, not forever
+
+
+def test_two_mirrors_at_once_never_write_an_older_record_over_a_newer_one(
+    storage, mirror, db_alias, monkeypatch
+):
+    """Issue 36, item 14: a reaper's mirror and a ``runmirror`` share the group, so a job's
+    events are split between them. The one that read ``active`` reads the record, stalls;
+    the other reads ``completed`` and writes it; the first then writes its active record.
+    The row keeps the newer record (``Job.mirror_seq``), not stuck ``active`` for good."""
+    other = Mirror(storage, queues=[Q], using=db_alias, consumer="m2")
+    other.queues()
+    enqueue(storage, "x")
+    mirror.drain()
+    job = storage.claim(Q, "w", 1, 30_000).jobs[0]
+    # m1 reads the active event and the record as it is then...
+    events = storage.read_group([Q], GROUP, "m1", count=10)
+    assert [e.kind for e in events] == ["active"]
+    stale = storage.get_records(Q, ["x"])
+    storage.complete(Q, "x", job.token, b"1")
+    other.drain()  # ...m2 writes the completion...
+    assert rows(db_alias) == {"x": "completed"}
+    monkeypatch.setattr(storage, "get_records", lambda queue, ids: stale)
+    mirror._apply(events)  # ...and m1's older record arrives last
+    assert rows(db_alias) == {"x": "completed"}
+    monkeypatch.undo()
+    enqueue(storage, "y")  # later writes still go through
+    mirror.drain()
+    assert rows(db_alias) == {"x": "completed", "y": "queued"}

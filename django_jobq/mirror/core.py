@@ -55,6 +55,7 @@ from .sql import (
     job_row,
     make_durable,
     ms_dt,
+    stream_seq,
     take_write_lock,
     upsert_jobs,
     write_transaction,
@@ -222,6 +223,9 @@ class Mirror:
         self.gap_check_interval = gap_check_interval
         self.lag = LagStats()
         self.final = FinalRows()
+        # (queue, job id) -> stream_seq of the event its record was read after: from
+        # _read_records to upsert, within one _write_jobs.
+        self._seqs: dict[tuple[str, str], int] = {}
         self.sample_above = conf["SAMPLE_ABOVE"] if sample_above is None else sample_above
         self.sample_size = sample_size or conf["SAMPLE"]
         self.rates = mirror_sample.StreamRates(clock)
@@ -491,6 +495,7 @@ class Mirror:
         by_queue: dict[str, list[Event]] = defaultdict(list)
         for (queue, _), job_events in jobs:
             by_queue[queue].extend(job_events)
+        self._seqs.clear()  # what a failed write before left
         reads = {q: self._read_records(q, evs) for q, evs in by_queue.items()}
         # All but a read's last transaction commit without waiting for the disk; _apply
         # acknowledges only after a durable commit (or make_durable) followed them.
@@ -509,11 +514,13 @@ class Mirror:
     ) -> tuple[list[JobRecord], list[Event]]:
         """The records of the jobs whose rows these events may change: a job whose row was
         already written in its final state, by a record read after all of these events
-        happened, needs only its event rows (``FinalRows``)."""
+        happened, needs only its event rows (``FinalRows``). Each record is noted with its
+        job's newest event (``Job.mirror_seq``: the row's guard against an older write)."""
         covered = self.final.covers
         last = {event.job_id: event for event in events if not covered(queue, event)}
         records = self.storage.get_records(queue, list(last))
         live = [r for r in records.values() if r is not None]
+        self._seqs.update(((queue, r.job_id), stream_seq(last[r.job_id].id)) for r in live)
         return live, [last[job_id] for job_id, r in records.items() if r is None]
 
     def _store(
@@ -546,9 +553,11 @@ class Mirror:
             name = handler_name(queue)
             # A task function's job shows its task's name (envelope.py: only enveloped jobs
             # pay for the decode).
+            seqs = self._seqs
             upsert_jobs(self.Job, self.using, [
                 job_row(queue, (is_enveloped(r.content_type)
-                                and job_handler_name(queue, r.content_type, r.payload)) or name, r)
+                                and job_handler_name(queue, r.content_type, r.payload)) or name,
+                        r, seqs.pop((queue, r.job_id), 0))
                 for r in records
             ])  # fmt: skip
             reopen_rollup(self.using, [r.finished_at for r in records])  # charts: refold late rows

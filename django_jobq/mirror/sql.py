@@ -38,6 +38,7 @@ JOB_FIELDS = (
 # Column order of the raw upsert: JOB_FIELDS plus the key and model defaults.
 JOB_COLUMNS = (
     "queue", "job_id", *JOB_FIELDS, "min_backoff", "max_backoff", "token", "waiters",
+    "mirror_seq",
 )  # fmt: skip
 MAX_PARAMS = 30_000  # bound parameters per SQLite statement (its limit is 32,766)
 EVENT_COLUMNS = ("job", "queue", "kind", "at", "worker", "detail", "stream_id")
@@ -75,9 +76,16 @@ def _error(raw: bytes | None) -> Any:
         return {"type": "Unreadable", "message": raw.decode("utf-8", "replace")}
 
 
-def job_row(queue: str, handler: str, r: JobRecord) -> tuple:
+def stream_seq(stream_id: str) -> int:
+    """A stream entry id ``ms-seq`` as one integer in the same order (``Job.mirror_seq``)."""
+    ms, _, seq = stream_id.partition("-")
+    return (int(ms) << 20) | min(int(seq or 0), (1 << 20) - 1)
+
+
+def job_row(queue: str, handler: str, r: JobRecord, seq: int = 0) -> tuple:
     """The values of one upsert row (JOB_COLUMNS order) from a Redis record; times in epoch
-    ms (``_converter`` makes them parameters)."""
+    ms (``_converter`` makes them parameters). ``seq``: the ``stream_seq`` of the newest
+    event the record was read after (0: a re-read, which keeps the row's own)."""
     return (
         queue, r.job_id, r.state.value, handler, r.payload or b"", r.content_type,
         r.result, _error(r.error), r.attempts, r.max_attempts, r.stalls, r.max_stalls,
@@ -85,7 +93,7 @@ def job_row(queue: str, handler: str, r: JobRecord) -> tuple:
         r.finished_at, r.expires_at, r.worker or "", decode_progress(r.progress),
         [list(line) for line in r.logs] or None,
         # columns the mirror does not know: the model's defaults
-        1000, 3_600_000, 0, 0,
+        1000, 3_600_000, 0, 0, seq,
     )  # fmt: skip
 
 
@@ -124,10 +132,21 @@ def _converter(field: Any, conn: Any, binary: bool = False) -> Callable[[Any], A
 def upsert_jobs(model: Any, using: str, rows: list[tuple]) -> None:
     """Insert or update one Job row per tuple (``job_row``), in one multi-row statement
     (PostgreSQL: ``COPY`` into a temporary table, then one ``INSERT … SELECT``)."""
-    q = connections[using].ops.quote_name
+    conn = connections[using]
+    q = conn.ops.quote_name
+    table = q(model._meta.db_table)
     updates = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in JOB_FIELDS)
-    tail = f"ON CONFLICT (queue, job_id) DO UPDATE SET {updates}"
-    if connections[using].vendor == "postgresql":
+    # Two mirrors at once (a reaper's and a runmirror) split a job's events between them: the
+    # one holding the older event may write its older record last. A row takes a record only
+    # if it was read after an event at least as new as the row's (a re-read, seq 0, always).
+    newest = "GREATEST" if conn.vendor == "postgresql" else "MAX"
+    seq = f"{table}.mirror_seq"
+    tail = (
+        f"ON CONFLICT (queue, job_id) DO UPDATE SET {updates}, "
+        f"mirror_seq = {newest}({seq}, excluded.mirror_seq) "
+        f"WHERE excluded.mirror_seq = 0 OR excluded.mirror_seq >= {seq}"
+    )
+    if conn.vendor == "postgresql":
         _copy_upsert(model, using, JOB_COLUMNS, rows, tail)
         return
     execute_many(model, using, JOB_COLUMNS, rows, tail)

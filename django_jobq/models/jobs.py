@@ -81,6 +81,10 @@ class Job(models.Model):
     order_key = models.BigIntegerField(default=0, db_default=0)
     # A blocked singleton successor waits under "<job_id>~next" (database backend).
     has_successor = models.BooleanField(default=False, db_default=False)
+    # Redis mirror only: the newest stream event this row's record was read after (as
+    # mirror.sql.stream_seq), so that a mirror holding an older event cannot write its older
+    # record over it (two mirrors at once). 0 on the database backend.
+    mirror_seq = models.BigIntegerField(default=0, db_default=0)
 
     objects = JobQuerySet.as_manager()
 
