@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_jobq', '0026_lost_state'),
+        ("django_jobq", "0026_lost_state"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='mirror_seq',
+            model_name="job",
+            name="mirror_seq",
             field=models.BigIntegerField(db_default=0, default=0),
         ),
     ]
