@@ -91,7 +91,7 @@ OPERATIONS: dict[str, dict[str, tuple[str, ...]]] = {
 #: async twins and the defaults of ``Storage``.
 NOT_TRANSITIONS = {
     "wait_for_jobs", "interrupt_wait", "wait_for_outcome", "close", "unavailable", "job_states",
-    "aregister_queue", "aenqueue", "aget_record", "await_for_outcome",
+    "aregister_queue", "aenqueue", "aget_record", "await_for_outcome", "queue_summaries",
 }  # fmt: skip
 BACKENDS = {"database": DatabaseStorage, "memory": MemoryStorage}
 
