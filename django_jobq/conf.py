@@ -128,6 +128,10 @@ DEFAULTS: dict[str, Any] = {
         "FAILED_AUTH_RATE": "30/min",
         # Anonymous GET health per client address; a credential's requests are not counted.
         "HEALTH_RATE": "120/min",
+        # Queues the REST API lets callers create by enqueuing to a new name (every queue
+        # costs each worker, reaper and scrape a little); past it an enqueue to a name not
+        # known yet answers 403. None or 0: no bound. Python code is not bounded.
+        "MAX_QUEUES": 10_000,
     },
     # Periodic schedules declared in code, synced to Schedule rows by the reaper and
     # jobq_schedules --sync (docs/schedules.md): {"name": {"task": ..., "cron": ...}, ...}.
@@ -394,6 +398,11 @@ def _check_api(api: dict[str, Any]) -> list[str]:
     if not isinstance(api["TRACEBACKS"], bool):
         problems.append(
             f"JOBQ['API']['TRACEBACKS'] must be True or False, got {api['TRACEBACKS']!r}"
+        )
+    most = api["MAX_QUEUES"]
+    if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 0):
+        problems.append(
+            f"JOBQ['API']['MAX_QUEUES'] must be a whole number >= 0 (or None), got {most!r}"
         )
     for name in ("FAILED_AUTH_RATE", "HEALTH_RATE"):
         rate = api[name]

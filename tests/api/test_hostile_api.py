@@ -139,3 +139,26 @@ def test_a_chunked_body_is_411_and_an_empty_one_400_never_a_blank_enqueue(api, p
     assert empty.status_code == 400 and "no body" in empty.json()["detail"], empty.content
     assert get_queue(queue).counts().get(JobState.QUEUED, 0) == 0, "refused, yet enqueued"
     assert api.post(url, text, content_type="application/json").status_code in (200, 201, 202)
+
+
+def test_a_key_allowed_every_queue_cannot_create_queues_without_end(api, settings):
+    """Issue 36, item 12: each queue costs every sweep and scrape a little, so the API creates
+    at most ``JOBQ["API"]["MAX_QUEUES"]``; past it an enqueue to a new name is a clear 403,
+    single or bulk, and queues that exist still take jobs."""
+    from django_jobq.api import listing
+    from django_jobq.api.queues import known_queues
+
+    listing._known[:] = [0.0, frozenset()]  # this process's names, read afresh
+    assert api.post("/jobq/queues/cap-0/jobs/", {"id": "a"}, format="json").status_code == 201
+    limit = len(known_queues()) + 1
+    settings.JOBQ = {**settings.JOBQ, "API": {**settings.JOBQ.get("API", {}),
+                                              "MAX_QUEUES": limit}}  # fmt: skip
+    listing._known[:] = [0.0, frozenset()]
+    assert api.post("/jobq/queues/cap-1/jobs/", {"id": "a"}, format="json").status_code == 201
+    refused = api.post("/jobq/queues/cap-2/jobs/", {"id": "a"}, format="json")
+    assert refused.status_code == 403 and "MAX_QUEUES" in refused.json()["detail"]
+    bulk = api.post("/jobq/queues/cap-3/bulk/", {"jobs": [{"id": "a"}]}, format="json")
+    assert bulk.status_code == 403
+    assert api.post("/jobq/queues/cap-1/jobs/", {"id": "b"}, format="json").status_code == 201
+    assert api.post("/jobq/queues/cap-0/jobs/", {"id": "b"}, format="json").status_code == 201
+    assert "cap-2" not in known_queues() and "cap-3" not in known_queues()
