@@ -422,3 +422,26 @@ def test_two_mirrors_at_once_never_write_an_older_record_over_a_newer_one(
     enqueue(storage, "y")  # later writes still go through
     mirror.drain()
     assert rows(db_alias) == {"x": "completed", "y": "queued"}
+
+
+@pytest.mark.parametrize("how", ["purge_dead", "clean", "delete"])
+def test_records_deleted_by_hand_leave_the_rows_too(storage, mirror, db_alias, settings, how):
+    """Issue 37, defect 2: purged dead letters stayed "failed" in the admin (no event tells
+    the mirror a record was deleted), offering Retry on a job the API no longer knew."""
+    settings.JOBQ = {**settings.JOBQ, "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}
+    q = Queue(Q, storage=storage)
+    q.enqueue_many([{"id": i, "payload": 1, "max_attempts": 1} for i in ("dead", "kept")])
+    for job in storage.claim(Q, "w", 2, 30_000).jobs:
+        storage.fail(Q, job.job_id, job.token, b'{"type": "E", "message": "m"}', permanent=True)
+    mirror.drain()
+    assert rows(db_alias) == {"dead": "failed", "kept": "failed"}
+    if how == "purge_dead":
+        assert q.purge_dead(["dead"]) == 1
+    elif how == "clean":
+        assert q.clean(0, states=["failed"]) == 2
+        assert rows(db_alias) == {}
+        return
+    else:
+        assert q.delete(["dead"]) == 1
+    assert q.get_status("dead") is None
+    assert rows(db_alias) == {"kept": "failed"}

@@ -720,11 +720,9 @@ class Queue:
         """Delete dead letters (the given ids, or all); their ids can be enqueued again."""
         ids = None if job_ids is None else [validate_job_id(j) for j in job_ids]
         started = self._journal_clock()
-        if started is None:
+        if started is None and not self._mirrored:
             return self.storage.purge_dead(self.name, ids)
-        return self._forget_journaled(
-            started, self._journal_storage().purge_dead_ids(self.name, ids)
-        )
+        return self._forget(started, self._journal_storage().purge_dead_ids(self.name, ids))
 
     # -- failure handler calls --------------------------------------------------------------
 
@@ -836,9 +834,9 @@ class Queue:
             raise InvalidOption("clean only removes finished jobs: completed, failed, cancelled")
         age, limit = _duration_ms("older_than", older_than), validate_positive_int("limit", limit)
         started = self._journal_clock()
-        if started is None:
+        if started is None and not self._mirrored:
             return self.storage.clean(self.name, age, chosen, limit)
-        return self._forget_journaled(
+        return self._forget(
             started, self._journal_storage().clean_ids(self.name, age, chosen, limit)
         )
 
@@ -880,6 +878,20 @@ class Queue:
 
         assert isinstance(self.storage, RedisStorage)  # the one backend with a journal
         return self.storage
+
+    @property
+    def _mirrored(self) -> bool:
+        """A backend with a model mirror (Redis): rows of deleted records must go too, since
+        no event tells the mirror (the admin listed purged dead letters as failed)."""
+        return hasattr(self.storage, "read_group") and jobq_settings()["MIRROR"]["ENABLED"]
+
+    def _forget(self, started: int | None, job_ids: list[str]) -> int:
+        """After records were deleted: their journal entries and mirror rows; how many."""
+        if started is not None:
+            self._forget_journaled(started, job_ids)
+        if job_ids and self._mirrored:
+            self._forget_mirror_rows(job_ids)
+        return len(job_ids)
 
     def _forget_journaled(self, started: int, job_ids: list[str]) -> int:
         """Delete the entries of ``job_ids``, just deleted from Redis; returns how many jobs."""
@@ -942,14 +954,9 @@ class Queue:
         jobs are removed too, since no event will tell it."""
         ids = [validate_job_id(job_id) for job_id in job_ids]
         started = self._journal_clock()
-        if started is None:
-            deleted = self.storage.delete_finished(self.name, ids)
-        else:
-            gone = self._journal_storage().delete_finished_ids(self.name, ids)
-            deleted = self._forget_journaled(started, gone)
-        if deleted and hasattr(self.storage, "read_group"):  # a backend with a model mirror
-            self._forget_mirror_rows(ids)
-        return deleted
+        if started is None and not self._mirrored:
+            return self.storage.delete_finished(self.name, ids)
+        return self._forget(started, self._journal_storage().delete_finished_ids(self.name, ids))
 
     def get_payload(self, job_id: str) -> Any:
         """The job's decoded payload while its record lives (None when unknown or expired)."""
