@@ -15,7 +15,7 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from ..conf import jobq_settings
 from ..models import ApiKey
-from .keys import find_key, touch
+from .keys import KEY_PREFIX, find_key, touch
 
 KEYWORD = "Api-Key"
 
@@ -76,8 +76,17 @@ class FailedAuthentications(SimpleRateThrottle):
 class ApiKeyAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[Any, ApiKey] | None:
         parts = get_authorization_header(request).split()
-        if not parts or parts[0].decode(errors="replace").lower() != KEYWORD.lower():
+        scheme = parts[0].decode(errors="replace") if parts else ""
+        if parts and scheme.lower() != KEYWORD.lower():
+            if len(parts) == 2 and parts[1].startswith(f"{KEY_PREFIX}_".encode()):
+                # One of our keys under another scheme (Bearer, Token): say which one is
+                # expected, instead of "credentials were not provided".
+                raise exceptions.AuthenticationFailed(
+                    f'API keys go in "Authorization: {KEYWORD} <key>", not "{scheme} <key>"'
+                )
             return None  # not ours: let the next authentication class try
+        if not parts:
+            return None
         failures = FailedAuthentications()
         failures.check(request)
         if len(parts) != 2:

@@ -10,12 +10,16 @@ Regenerate the committed file after changing the API (tests/api/test_schema.py c
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ..validation import JOB_ID_PATTERN, QUEUE_NAME_PATTERN
 from .base import JobQView
@@ -145,3 +149,27 @@ class SchemaView(SpectacularAPIView):
     custom_settings = SETTINGS
     urlconf = URLCONF
     schema = None  # the schema does not describe itself
+
+
+class RootView(APIView):
+    """``GET`` the API's root: every endpoint's path (relative to here, ``{queue}``-style
+    placeholders) and the schema's, so that a client or a person who finds ``/jobq/`` learns
+    where to go. Authenticated like the schema; the paths are those of the OpenAPI document."""
+
+    authentication_classes = JobQView.authentication_classes
+    permission_classes = [IsAuthenticated]
+    renderer_classes = JobQView.renderer_classes
+    throttle_classes = JobQView.throttle_classes
+    schema = None  # not an operation of the document it points to
+
+    def get(self, request: Request) -> Response:
+        from . import urls
+
+        paths = {}
+        for pattern in urls.urlpatterns:
+            name, route = pattern.name, str(pattern.pattern)
+            if name and name not in ("root", "not-found"):
+                paths[name] = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)
+        root = request.build_absolute_uri()
+        return Response({"schema": root + paths["schema"], "docs": "docs/api.md",
+                         "endpoints": paths})  # fmt: skip

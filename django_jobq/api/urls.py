@@ -29,6 +29,7 @@ B = "broadcasts/<jobq_queue:broadcast>/"
 G = B + "groups/<jobq_queue:group>/"
 
 urlpatterns = [
+    path("", schema.RootView.as_view(), name="root"),
     path("health", operations.HealthView.as_view(), name="health"),
     path("jobs/", listing.JobListView.as_view(), name="job-list"),
     path("queues/", queues.QueueListView.as_view(), name="queue-list"),

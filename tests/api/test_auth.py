@@ -191,3 +191,27 @@ def test_wrong_keys_are_throttled_per_address_then_even_a_right_key_waits(
     other = APIClient(REMOTE_ADDR="10.1.2.3")  # another address is not held back
     other.credentials(HTTP_AUTHORIZATION=f"Api-Key {good}")
     assert other.get("/jobq/queues/").status_code == 200
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "Token", "bearer"])
+def test_a_key_under_another_scheme_is_told_which_scheme_to_use(api_backend, make_key, scheme):
+    """Issue 37, defect 8: "Authorization: Bearer <key>" answered "credentials were not
+    provided", which sends a user looking for a missing header."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {make_key()}")
+    response = client.get("/jobq/queues/")
+    assert response.status_code == 401
+    assert 'Authorization: Api-Key <key>' in response.json()["detail"]
+    other = APIClient()  # another scheme's token (a JWT, say) is left to its own class
+    other.credentials(HTTP_AUTHORIZATION=f"{scheme} eyJhbGciOi.e30.sig")
+    assert "not provided" in other.get("/jobq/queues/").json()["detail"]
+
+
+def test_the_api_root_lists_its_endpoints_to_a_credential(api_backend, client_for):
+    """Issue 37, defect 9: ``/jobq/`` answered 404; it now names every endpoint (the paths of
+    the OpenAPI document) and the schema, behind the same authentication as the schema."""
+    assert APIClient().get("/jobq/").status_code == 401
+    body = client_for(actions=("read",)).get("/jobq/").json()
+    assert body["endpoints"]["enqueue"] == "queues/{queue}/jobs/"
+    assert body["endpoints"]["job-status"] == "queues/{queue}/jobs/{job_id}/"
+    assert body["schema"].endswith("/jobq/schema/")
