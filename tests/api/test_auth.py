@@ -201,7 +201,7 @@ def test_a_key_under_another_scheme_is_told_which_scheme_to_use(api_backend, mak
     client.credentials(HTTP_AUTHORIZATION=f"{scheme} {make_key()}")
     response = client.get("/jobq/queues/")
     assert response.status_code == 401
-    assert 'Authorization: Api-Key <key>' in response.json()["detail"]
+    assert "Authorization: Api-Key <key>" in response.json()["detail"]
     other = APIClient()  # another scheme's token (a JWT, say) is left to its own class
     other.credentials(HTTP_AUTHORIZATION=f"{scheme} eyJhbGciOi.e30.sig")
     assert "not provided" in other.get("/jobq/queues/").json()["detail"]
