@@ -740,10 +740,10 @@ def test_queue_level_retry_and_purge_of_all_dead_letters_in_chunks(
     page = admin_client.get(url)
     assert page.status_code == 200 and b"<strong>7</strong> dead letter" in page.content
     assert jobq.queue.count_dead() == 7  # a GET only asks
-    stopped = deadletters.run(Q, "retry", budget=0)
-    assert stopped.stopped_early and stopped.done == 0 and stopped.left == 7
+    stopped = deadletters.run(Q, "retry", budget=0)  # one chunk, then it stops
+    assert stopped.stopped_early and stopped.done == 3 and stopped.left == 4
     page = admin_client.post(url, {"confirm": "yes"}, follow=True)
-    assert b"7 dead letter(s) requeued" in page.content
+    assert b"4 dead letter(s) requeued" in page.content
     assert jobq.queue.count_dead() == 0
     assert {jobq.state(f"dead-{i}") for i in range(7)} == {JobState.QUEUED}
     for _ in range(7):
@@ -759,6 +759,47 @@ def test_queue_level_retry_and_purge_of_all_dead_letters_in_chunks(
     assert (
         admin_client.get(reverse("admin:django_jobq_queue_dead", args=[Q, "x"])).status_code == 404
     )
+
+
+def test_retry_all_dead_letters_touches_each_once_while_they_keep_failing(
+    admin_client, jobq, monkeypatch
+):
+    """Issue 37, defect 1: every round retried the newest dead letters, the ones it had just
+    requeued that failed again, so the run never ended and needed a click per round. Now
+    each dead letter present at the confirmation is retried once, the run goes on by itself
+    across requests from that moment, and it ends."""
+    from django_jobq.admin import deadletters
+
+    monkeypatch.setattr(deadletters, "CHUNK", 4)
+    ids = [f"again-{i}" for i in range(10)]
+    for job_id in ids:
+        jobq.failed(job_id)
+    jobq.sync()
+    retried: list[str] = []
+    retry_many = Queue.retry_many
+
+    def and_they_fail_again(self, job_ids):  # a handler that keeps failing, at once
+        outcomes = retry_many(self, job_ids)
+        retried.extend(job_ids)
+        for job in jobq.storage.claim(Q, "w-2", len(job_ids), 30_000).jobs:
+            jobq.storage.fail(Q, job.job_id, job.token, ERROR.encode(), permanent=True)
+        return outcomes
+
+    monkeypatch.setattr(Queue, "retry_many", and_they_fail_again)
+    url = reverse("admin:django_jobq_queue_dead", args=[Q, "retry"])
+    # A request cut short by its time budget goes on by itself, from the same start.
+    monkeypatch.setattr(deadletters, "TIME_BUDGET", 0.0)
+    first = admin_client.post(url, {"confirm": "yes"})  # one chunk
+    assert b'data-jobq-autosubmit="1"' in first.content and len(retried) == 4
+    since = first.context["summary"].since
+    assert f'name="since" value="{since}"'.encode() in first.content
+    monkeypatch.setattr(deadletters, "TIME_BUDGET", 30.0)
+    page = admin_client.post(url, {"confirm": "yes", "since": str(since)})
+    assert sorted(retried) == sorted(ids)  # each once
+    assert b"6 dead letter(s) requeued" in page.content  # this request's; 4 before
+    assert b"failed after the start were left alone" in page.content
+    assert b"data-jobq-autosubmit" not in page.content  # finished: nothing to go on with
+    assert jobq.queue.count_dead() == 10  # they did fail again: dead letters of a new run
 
 
 @pytest.mark.parametrize(

@@ -497,3 +497,34 @@ def test_the_job_list_updates_in_place_but_keeps_ticked_rows(browser, live_serve
     assert "fresh-2" not in page.locator("#result_list").inner_text()
     assert page.locator("input.action-select:checked").count() == 1
     context.close()
+
+
+def test_retry_all_dead_letters_goes_on_by_itself_to_the_end(
+    browser, live_server, jobs, shots, monkeypatch
+):
+    """Issue 37, defect 1: one chunk per request here (a 10 s budget in production); the
+    page sends itself again while "go on by itself" is ticked, to the end, with no click
+    per round."""
+    from django.urls import reverse
+
+    from django_jobq.admin import deadletters
+    from django_jobq.queue import Queue
+
+    monkeypatch.setattr(deadletters, "CHUNK", 1)
+    monkeypatch.setattr(deadletters, "TIME_BUDGET", 0)
+    dead = Queue("reports").count_dead()
+    assert dead > 2  # several requests
+    User.objects.create_superuser("ops", password="pw")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    base = live_server.url
+    login(page, base, "ops")
+    page.goto(base + reverse("admin:django_jobq_queue_dead", args=["reports", "retry"]))
+    page.click("#jobq-dead-go")
+    page.wait_for_selector("#jobq-dead-form[data-jobq-autosubmit]", state="attached")
+    page.screenshot(path=shots / "dead-retry-progress.png", full_page=True)
+    page.wait_for_selector("#jobq-dead-count:has-text('no dead letters')")
+    assert "requeued" in page.locator("#jobq-dead-summary").inner_text()
+    assert Queue("reports").count_dead() == 0
+    context.close()

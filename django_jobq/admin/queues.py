@@ -245,8 +245,9 @@ class QueueAdmin(admin.ModelAdmin):
             raise Http404(f"No queue {name!r}.")
         summary = None
         if request.method == "POST" and request.POST.get("confirm") == "yes":
-            summary = deadletters.run(name, verb)
-            level = messages.WARNING if summary.error or summary.left else messages.SUCCESS
+            since = request.POST.get("since", "")  # a run going on: its start (epoch ms)
+            summary = deadletters.run(name, verb, since=int(since) if since.isdigit() else None)
+            level = messages.WARNING if summary.error else messages.SUCCESS
             self.message_user(request, summary.text, level)
         try:
             # The database backend: the overview's capped count ("10000+"); an exact count

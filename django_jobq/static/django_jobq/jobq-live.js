@@ -122,9 +122,10 @@
   window.setTimeout(poll, every);
 }());
 
-/* A long run over a filter (filtered.html) goes on by itself: a form with
-   data-jobq-autosubmit="N" is sent again after N seconds while its "go on by itself" box
-   (#jobq-keep-going) stays ticked. Unticking it stops after the current request. */
+/* A long run over a filter (filtered.html) or a queue's dead letters (dead.html) goes on by
+   itself: a form with data-jobq-autosubmit="N" is sent again after N seconds while its
+   "go on by itself" box (#jobq-keep-going) stays ticked. Unticking it stops after the
+   current request. */
 (function () {
   "use strict";
   var form = document.querySelector("form[data-jobq-autosubmit]");
