@@ -315,9 +315,15 @@ def test_obliterate_deletes_only_its_own_queue(storage, redis_client, redis_pref
     assert storage.obliterate(Q) == 2
     left = {key.decode() for key in redis_client.scan_iter(match="*" + redis_prefix + "*")}
     # Only an empty event stream that remembers its last id (a reader of the old queue is
-    # told its events are gone: EventsLost).
+    # told its events are gone: EventsLost), and the obliteration generation (reconcile's
+    # fence: a re-creation read before this obliterate is refused).
     tag = "{" + f"{redis_prefix}:{Q}" + "}"
-    assert [key for key in left if key.startswith(tag)] == [tag + ":events"]
+    assert sorted(key for key in left if key.startswith(tag)) == [tag + ":events",
+                                                                 tag + ":generation"]  # fmt: skip
+    # Odd until the caller (Queue.obliterate) has deleted the journal entries too and says so.
+    assert redis_client.get(tag + ":generation") == b"1"
+    storage.obliterated(Q)
+    assert redis_client.get(tag + ":generation") == b"2"
     assert redis_client.xlen(tag + ":events") == 0
     assert storage.get_limits(other) == QueueLimits(concurrency=2)
     assert storage.list_queues() == [other]
