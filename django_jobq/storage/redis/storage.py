@@ -1263,7 +1263,9 @@ class RedisStorage(Storage):
         claim starts while its keys are deleted; then every key under the queue's hash tag
         goes (SCAN + UNLINK), the flow-control hash last, which also lifts the pause. A job
         enqueued while this runs may be deleted or survive. Should the caller die half way,
-        the queue stays paused with part of its keys: calling again finishes the job."""
+        the queue stays paused with part of its keys: calling again finishes the job. The
+        queue's obliteration generation stays odd until ``obliterated`` (Queue.obliterate,
+        once the journal entries are gone too): reconcile leaves the queue alone meanwhile."""
         k = self.keys(queue)
         args = ["obliterate", 1 if force else 0]
         if self.scripts.call("control", [k.config, k.wake, k.active, k.generation], args) == -1:
