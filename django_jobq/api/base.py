@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import parsers, renderers, status
-from rest_framework.exceptions import APIException, NotFound, ParseError
+from rest_framework.exceptions import APIException, NotFound, ParseError, PermissionDenied
 from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from .. import permissions as ops
+from ..backend import get_storage
 from ..conf import jobq_settings
 from ..errors import (
     InvalidJobId,
@@ -28,6 +30,8 @@ from ..errors import (
     StorageUnavailable,
 )
 from ..errors import ValidationError as JobQValidationError
+from ..queue.sharding import collapse
+from ..tasks.registry import registry
 from ..validation import validate_job_id, validate_queue_name
 from .auth import ApiKeyAuthentication
 from .permissions import JobQPermission
@@ -219,3 +223,37 @@ class JobQView(APIView):
         if response is not None and response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
             response["Retry-After"] = "5"
         return response
+
+
+def physical_queues() -> list[str]:
+    """Queues the storage has seen, plus those with a handler or settings (maybe still empty)."""
+    names = set(get_storage().list_queues()) | set(registry.queues())
+    return sorted(names | set(jobq_settings()["QUEUES"]))
+
+
+_known: list[Any] = [0.0, frozenset()]  # (monotonic time read, logical names): this process's
+
+
+def check_queue_budget(name: str) -> None:
+    """Refuse an API enqueue that would create a queue past ``JOBQ["API"]["MAX_QUEUES"]``:
+    every queue costs each worker's and reaper's sweep and each scrape a little, so a key
+    allowed ``*`` must not create them without end (issue 36, item 12). A known name costs
+    a set lookup; an unknown one a fresh read of the names at most once a second per
+    process (so the bound is approximate across processes, never far off)."""
+    limit = jobq_settings()["API"]["MAX_QUEUES"]
+    if not limit or name in _known[1]:
+        return
+    if time.monotonic() - _known[0] >= 1.0:
+        try:
+            names = frozenset(collapse(physical_queues()))
+        except StorageUnavailable:  # the enqueue decides (journal mode keeps it: pending)
+            return
+        _known[:] = [time.monotonic(), names]
+        if name in _known[1]:
+            return
+    if len(_known[1]) >= limit:
+        raise PermissionDenied(
+            f"queue {name!r} does not exist and {len(_known[1])} queues do: the API creates "
+            f"no more than JOBQ['API']['MAX_QUEUES'] ({limit})"
+        )
+    _known[1] = _known[1] | {name}

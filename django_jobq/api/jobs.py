@@ -16,7 +16,7 @@ from .. import permissions as ops
 from ..job import CancelOutcome, EnqueueOutcome, EnqueueResult, RetryOutcome
 from ..queue.core import Queue, get_queue
 from ..states import TERMINAL_STATES
-from .base import Conflict, JobQView
+from .base import Conflict, JobQView, check_queue_budget
 from .idempotency import HEADER, idempotent
 from .permissions import may, may_read
 from .serializers import (
@@ -82,7 +82,7 @@ class EnqueueView(JobQView):
         },
     )
     def post(self, request: Request, queue: str) -> Response:
-        _check_queue_budget(queue)
+        check_queue_budget(queue)
         q = get_queue(queue)
 
         def run(ids: list[str] | None) -> Response:
@@ -115,12 +115,6 @@ def refuse_updates(request: Request, items: list[dict[str, Any]]) -> None:
                                "permission (an API key's manage action), not enqueue")  # fmt: skip
 
 
-def _check_queue_budget(queue: str) -> None:
-    from .listing import check_queue_budget  # listing.py imports this module
-
-    check_queue_budget(queue)
-
-
 def _has_id(item: object) -> bool:
     return isinstance(item, dict) and bool(item.get("id"))
 
@@ -138,7 +132,7 @@ class BulkEnqueueView(JobQView):
     )  # fmt: skip
     def post(self, request: Request, queue: str) -> Response:
         """Up to 1000 jobs; every item is validated before any is stored (all or nothing)."""
-        _check_queue_budget(queue)
+        check_queue_budget(queue)
         q = get_queue(queue)
 
         def run(ids: list[str] | None) -> Response:

@@ -5,9 +5,6 @@ fresh as the mirror's lag, which ``/health`` reports)."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -17,14 +14,12 @@ from rest_framework.response import Response
 
 from .. import permissions as ops
 from ..backend import get_storage
-from ..conf import jobq_settings
 from ..models import Job
-from ..queue.sharding import collapse, members
+from ..queue.sharding import members
 from ..schedules.core import schedules_alias
 from ..states import JobState
-from ..tasks.registry import registry
 from ..validation import QUEUE_NAME_PATTERN
-from .base import JobQView
+from .base import JobQView, physical_queues
 from .jobs import ERRORS
 from .pagination import page
 from .permissions import allowed_queues
@@ -34,36 +29,6 @@ from .serializers import JobPageSerializer, JobRowSerializer
 def rows_alias() -> str:
     """Where job rows live: the database backend's own alias, else the mirror's."""
     return schedules_alias(get_storage())
-
-
-def physical_queues() -> list[str]:
-    """Queues the storage has seen, plus those with a handler or settings (maybe still empty)."""
-    names = set(get_storage().list_queues()) | set(registry.queues())
-    return sorted(names | set(jobq_settings()["QUEUES"]))
-
-
-_known: list[Any] = [0.0, frozenset()]  # (monotonic time read, logical names): this process's
-
-
-def check_queue_budget(name: str) -> None:
-    """Refuse an API enqueue that would create a queue past ``JOBQ["API"]["MAX_QUEUES"]``:
-    every queue costs each worker's and reaper's sweep and each scrape a little, so a key
-    allowed ``*`` must not create them without end (issue 36, item 12). A known name costs
-    a set lookup; an unknown one a fresh read of the names at most once a second per
-    process (so the bound is approximate across processes, never far off)."""
-    limit = jobq_settings()["API"]["MAX_QUEUES"]
-    if not limit or name in _known[1]:
-        return
-    if time.monotonic() - _known[0] >= 1.0:
-        _known[:] = [time.monotonic(), frozenset(collapse(physical_queues()))]
-        if name in _known[1]:
-            return
-    if len(_known[1]) >= limit:
-        raise PermissionDenied(
-            f"queue {name!r} does not exist and {len(_known[1])} queues do: the API creates "
-            f"no more than JOBQ['API']['MAX_QUEUES'] ({limit})"
-        )
-    _known[1] = _known[1] | {name}
 
 
 def rows_of(name: str, known: list[str] | None = None) -> list[str]:

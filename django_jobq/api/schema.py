@@ -162,11 +162,13 @@ class RootView(APIView):
     throttle_classes = JobQView.throttle_classes
     schema = None  # not an operation of the document it points to
 
-    def get(self, request: Request) -> Response:
-        from . import urls
+    # The URLconf's patterns, given by urls.py (``as_view(patterns=...)``): importing that
+    # module from here would make the two import each other.
+    patterns: Any = None
 
+    def get(self, request: Request) -> Response:
         paths = {}
-        for pattern in urls.urlpatterns:
+        for pattern in self.patterns():
             name, route = pattern.name, str(pattern.pattern)
             if name and name not in ("root", "not-found"):
                 paths[name] = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)

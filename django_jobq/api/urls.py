@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
@@ -19,6 +21,11 @@ def not_found(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"detail": "Not found."}, status=404)
 
 
+def patterns() -> list[Any]:
+    """This URLconf's patterns, for the API root's list of endpoints."""
+    return urlpatterns
+
+
 register_converter(QueueNameConverter, "jobq_queue")
 register_converter(JobIdConverter, "jobq_job")
 
@@ -28,8 +35,8 @@ J = Q + "jobs/<jobq_job:job_id>/"
 B = "broadcasts/<jobq_queue:broadcast>/"
 G = B + "groups/<jobq_queue:group>/"
 
-urlpatterns = [
-    path("", schema.RootView.as_view(), name="root"),
+urlpatterns: list[Any] = [
+    path("", schema.RootView.as_view(patterns=patterns), name="root"),
     path("health", operations.HealthView.as_view(), name="health"),
     path("jobs/", listing.JobListView.as_view(), name="job-list"),
     path("queues/", queues.QueueListView.as_view(), name="queue-list"),

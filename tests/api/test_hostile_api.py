@@ -145,7 +145,7 @@ def test_a_key_allowed_every_queue_cannot_create_queues_without_end(api, setting
     """Issue 36, item 12: each queue costs every sweep and scrape a little, so the API creates
     at most ``JOBQ["API"]["MAX_QUEUES"]``; past it an enqueue to a new name is a clear 403,
     single or bulk, and queues that exist still take jobs."""
-    from django_jobq.api import listing
+    from django_jobq.api import base as listing
     from django_jobq.api.queues import known_queues
 
     listing._known[:] = [0.0, frozenset()]  # this process's names, read afresh
