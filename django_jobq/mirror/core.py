@@ -223,9 +223,6 @@ class Mirror:
         self.gap_check_interval = gap_check_interval
         self.lag = LagStats()
         self.final = FinalRows()
-        # (queue, job id) -> stream_seq of the event its record was read after: from
-        # _read_records to upsert, within one _write_jobs.
-        self._seqs: dict[tuple[str, str], int] = {}
         self.sample_above = conf["SAMPLE_ABOVE"] if sample_above is None else sample_above
         self.sample_size = sample_size or conf["SAMPLE"]
         self.rates = mirror_sample.StreamRates(clock)
@@ -495,38 +492,39 @@ class Mirror:
         by_queue: dict[str, list[Event]] = defaultdict(list)
         for (queue, _), job_events in jobs:
             by_queue[queue].extend(job_events)
-        self._seqs.clear()  # what a failed write before left
         reads = {q: self._read_records(q, evs) for q, evs in by_queue.items()}
         # All but a read's last transaction commit without waiting for the disk; _apply
         # acknowledges only after a durable commit (or make_durable) followed them.
         durable = self._durable
         self._unsynced = self._unsynced or not durable
         with write_transaction(self.Job, self.using, durable=durable):
-            for queue, (live, gone) in reads.items():
-                self._store(queue, live, gone, by_queue[queue])
+            for queue, (live, gone, seqs) in reads.items():
+                self._store(queue, live, gone, by_queue[queue], seqs)
         if durable:
             self._unsynced = False
-        for queue, (live, _) in reads.items():  # committed: these rows are final now
+        for queue, (live, _, _) in reads.items():  # committed: these rows are final now
             self.final.remember(queue, live)
 
     def _read_records(
         self, queue: str, events: Sequence[Event]
-    ) -> tuple[list[JobRecord], list[Event]]:
+    ) -> tuple[list[JobRecord], list[Event], dict[str, int]]:
         """The records of the jobs whose rows these events may change: a job whose row was
         already written in its final state, by a record read after all of these events
-        happened, needs only its event rows (``FinalRows``). Each record is noted with its
-        job's newest event (``Job.mirror_seq``: the row's guard against an older write)."""
+        happened, needs only its event rows (``FinalRows``). With each record, by job id,
+        its newest event's ``stream_seq`` (``Job.mirror_seq``: the row's guard against an
+        older write)."""
         covered = self.final.covers
         last = {event.job_id: event for event in events if not covered(queue, event)}
         records = self.storage.get_records(queue, list(last))
         live = [r for r in records.values() if r is not None]
-        self._seqs.update(((queue, r.job_id), stream_seq(last[r.job_id].id)) for r in live)
-        return live, [last[job_id] for job_id, r in records.items() if r is None]
+        seqs = {r.job_id: stream_seq(last[r.job_id].id) for r in live}
+        return live, [last[job_id] for job_id, r in records.items() if r is None], seqs
 
     def _store(
-        self, queue: str, live: list[JobRecord], gone: list[Event], events: Sequence[Event]
-    ) -> None:
-        self.upsert(queue, live)
+        self, queue: str, live: list[JobRecord], gone: list[Event], events: Sequence[Event],
+        seqs: dict[str, int],
+    ) -> None:  # fmt: skip
+        self.upsert(queue, live, seqs)
         # Removed by the queue's retention (its last word): the row goes too, with its events
         # (cascade), so the admin never lists a job Redis no longer has.
         removed = [e for e in gone if e.kind == REMOVED]
@@ -547,17 +545,20 @@ class Mirror:
         # A redelivered event hits the (queue, stream_id) unique index and is skipped.
         insert_events(self.JobEvent, self.Job, self.using, rows)
 
-    def upsert(self, queue: str, records: Sequence[JobRecord]) -> None:
-        """Insert or update one row per record, in one multi-row statement."""
+    def upsert(
+        self, queue: str, records: Sequence[JobRecord], seqs: dict[str, int] | None = None
+    ) -> None:
+        """Insert or update one row per record, in one multi-row statement. ``seqs``: each
+        record's event position (``_read_records``); none for a re-read (``resync``)."""
         if records:
             name = handler_name(queue)
+            seqs = seqs or {}
             # A task function's job shows its task's name (envelope.py: only enveloped jobs
             # pay for the decode).
-            seqs = self._seqs
             upsert_jobs(self.Job, self.using, [
                 job_row(queue, (is_enveloped(r.content_type)
                                 and job_handler_name(queue, r.content_type, r.payload)) or name,
-                        r, seqs.pop((queue, r.job_id), 0))
+                        r, seqs.get(r.job_id, 0))
                 for r in records
             ])  # fmt: skip
             reopen_rollup(self.using, [r.finished_at for r in records])  # charts: refold late rows
