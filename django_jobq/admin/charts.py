@@ -117,12 +117,6 @@ def percentiles(
     ]
 
 
-def finished_counts(alias: str, since: dt.datetime) -> dict[str, dict[str, int]]:
-    """{queue: {state: n}} of jobs finished since ``since``, from the minute rows (the view
-    folds them first: ``rollup.fold``)."""
-    return rollup.finished_counts(alias, since)
-
-
 # -- drawing ------------------------------------------------------------------------------
 
 

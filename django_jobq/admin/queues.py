@@ -30,7 +30,7 @@ from ..models import Job
 from ..states import JobState
 from ..validation import logical_name
 from . import deadletters
-from .charts import finished_counts, history_charts, queue_charts
+from .charts import history_charts, queue_charts
 from .common import (
     DELETE_PERM,
     LIVE_EVERY,
@@ -60,6 +60,8 @@ def refresh_seconds(request: HttpRequest) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) in REFRESH_CHOICES else None
 
 
+HOUR = dt.timedelta(hours=1)
+NONE = rollup.Finished()  # a queue with no job finished in the hour
 COUNTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING)
 
 
@@ -106,7 +108,7 @@ def row_counts(names: list[str]) -> dict[str, dict[str, int]] | None:
 
 
 def queue_row(
-    name: str, finished: dict[str, int], workers: list[dict], now: dt.datetime,
+    name: str, finished: rollup.Finished, workers: list[dict], now: dt.datetime,
     counted: dict[str, int] | None = None,
 ) -> dict:  # fmt: skip
     """One overview row; a queue whose storage read fails still gets a row, with the error."""
@@ -124,15 +126,13 @@ def queue_row(
         row["failure_calls"] = queue.count_failure_calls()  # failure handler not done yet
     except Exception as exc:  # storage unreachable or a bad name: say so on the row
         row.update(counts={}, paused=None, dead=None, error=f"{type(exc).__name__}: {exc}")
-    completed = finished.get(JobState.COMPLETED.value, 0)
-    failed = finished.get(JobState.FAILED.value, 0)
-    ended = completed + failed
+    ended = finished.ended
     oldest = _oldest_waiting(name, row)
     row.update(
-        completed_hour=completed,
-        failed_hour=failed,
+        completed_hour=finished.completed,
+        failed_hour=finished.failed,
         per_minute=round(ended / 60, 2),
-        failure_rate=round(100 * failed / ended, 1) if ended else None,
+        failure_rate=round(100 * finished.failed / ended, 1) if ended else None,
         oldest_age=age(oldest, now) if oldest else None,
         workers=[w for w in workers if name in {logical_name(q) for q in w["queues"]}],
     )  # fmt: skip
@@ -181,12 +181,12 @@ class QueueAdmin(admin.ModelAdmin):
             raise PermissionDenied
         now = timezone.now()
         folded = rollup.fold(jobs_alias(), now)
-        finished = finished_counts(jobs_alias(), now - dt.timedelta(hours=1))
+        finished = rollup.finished_since(jobs_alias(), now - HOUR, folded.until)
         workers, workers_error = live_workers()
         names = queue_names()
         counted = row_counts(names)
         rows = [
-            queue_row(n, finished.get(n, {}), workers, now, None if counted is None else counted[n])
+            queue_row(n, finished.get(n, NONE), workers, now, _one(counted, n))
             for n in names
         ]
         context = {
@@ -197,7 +197,10 @@ class QueueAdmin(admin.ModelAdmin):
             "mirror_banner": mirror_banner(),
             "folded": folded,
         }
-        rows_only = {"jobq-queues-body": "admin/django_jobq/queues/_overview_rows.html"}
+        rows_only = {
+            "jobq-queues-body": "admin/django_jobq/queues/_overview_rows.html",
+            "jobq-overview-notes": "admin/django_jobq/queues/_folding.html",
+        }
         polled = live_rows(request, rows_only, context)
         if polled is not None:
             return polled
@@ -213,7 +216,8 @@ class QueueAdmin(admin.ModelAdmin):
             raise Http404(f"No queue {name!r}.")
         now = timezone.now()
         folded = rollup.fold(jobs_alias(), now)
-        finished = finished_counts(jobs_alias(), now - dt.timedelta(hours=1)).get(name, {})
+        finished = rollup.finished_since(jobs_alias(), now - HOUR, folded.until)
+        finished = finished.get(name, NONE)
         workers, workers_error = live_workers()
         context = {
             **self._context(request, f"Queue {name}"),
@@ -222,6 +226,7 @@ class QueueAdmin(admin.ModelAdmin):
             "limits": _limits(name),
             "workers_error": workers_error,
             "folded": folded,
+            "mirror_banner": mirror_banner(rows_of(name)),
         }
         parts = {
             "jobq-queue-body": "admin/django_jobq/queues/_detail_row.html",

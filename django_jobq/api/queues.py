@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -15,13 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import permissions as ops
-from ..models import Job
+from ..mirror import rollup
 from ..queue.core import Queue, get_queue
 from ..queue.sharding import collapse
-from ..states import JobState
 from .base import JobQView
 from .jobs import ERRORS
-from .listing import physical_queues, rows_alias, rows_of
+from .listing import physical_queues, rows_alias
 from .permissions import allowed_queues
 from .serializers import PausedSerializer, QueueSerializer
 
@@ -38,38 +36,40 @@ def visible_queues(request: Request) -> list[str]:
     return [name for name in known_queues() if allowed is None or name in allowed]
 
 
-def _seconds(value: dt.timedelta | None) -> float | None:
-    return None if value is None else round(value.total_seconds(), 3)
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else round(ms / 1000, 3)
 
 
-def queue_stats(name: str) -> dict[str, float | None]:
-    """The last hour of finished jobs, from the rows (one aggregate query)."""
-    since = timezone.now() - STATS_WINDOW
-    finished = Q(finished_at__gte=since)
-    agg = Job.objects.using(rows_alias()).filter(queue__in=rows_of(name)).aggregate(
-        completed=Count("id", filter=finished & Q(state=JobState.COMPLETED)),
-        failed=Count("id", filter=finished & Q(state=JobState.FAILED)),
-        wait=Avg(ExpressionWrapper(F("started_at") - F("created_at"), DurationField()),
-                 filter=finished & Q(started_at__isnull=False)),
-        run=Avg(ExpressionWrapper(F("finished_at") - F("started_at"), DurationField()),
-                filter=finished & Q(started_at__isnull=False)),
-    )  # fmt: skip
+def finished_stats(now: dt.datetime | None = None) -> dict[str, rollup.Finished]:
+    """The last hour of finished jobs of every queue, from the per-minute rollup the admin
+    reads (folded first, within its budget) plus the rows it has not folded yet: one grouped
+    read for the whole page. Aggregating each queue's rows cost 1.3–3.6 s for 20 queues
+    over a million rows, and disagreed with the admin's figures."""
+    now = now or timezone.now()
+    alias = rows_alias()
+    folded = rollup.fold(alias, now)
+    return rollup.finished_since(alias, now - STATS_WINDOW, folded.until)
+
+
+def queue_stats(finished: rollup.Finished) -> dict[str, float | None]:
+    """A queue's ``stats``: its wait is from when the job was due (its run_at when delayed)
+    to its start, as on the admin's charts."""
     return {
-        "completed_last_hour": agg["completed"],
-        "failed_last_hour": agg["failed"],
-        "mean_wait_seconds": _seconds(agg["wait"]),
-        "mean_run_seconds": _seconds(agg["run"]),
+        "completed_last_hour": finished.completed,
+        "failed_last_hour": finished.failed,
+        "mean_wait_seconds": _seconds(finished.mean_wait_ms()),
+        "mean_run_seconds": _seconds(finished.mean_run_ms()),
     }
 
 
-def describe_queue(q: Queue) -> dict[str, Any]:
+def describe_queue(q: Queue, finished: dict[str, rollup.Finished]) -> dict[str, Any]:
     limits = q.get_limits()
     return {
         "name": q.name,
         "paused": q.is_paused(),
         "counts": {state.value: n for state, n in q.counts().items()},
         "limits": {name: getattr(limits, name) for name in limits.__dataclass_fields__},
-        "stats": queue_stats(q.name),
+        "stats": queue_stats(finished.get(q.name) or rollup.Finished()),
     }
 
 
@@ -88,10 +88,10 @@ class QueuePageSerializer(serializers.Serializer):
 
 
 class QueueListView(JobQView):
-    """Queues in name order, a page at a time: each queue costs a few storage reads and one
-    aggregate over its last hour of rows, so an unbounded list grew with the number of
-    queues past any timeout (16.8 s at 3,000). ``Link: <…>; rel="next"`` names the next
-    page, ``X-Total-Count`` how many queues there are."""
+    """Queues in name order, a page at a time: each queue costs a few storage reads, so an
+    unbounded list grew with the number of queues past any timeout (16.8 s at 3,000).
+    ``Link: <…>; rel="next"`` names the next page, ``X-Total-Count`` how many queues there
+    are."""
 
     jobq_operation = ops.READ
 
@@ -103,7 +103,8 @@ class QueueListView(JobQView):
         limit, after = params.validated_data["limit"], params.validated_data["after"]
         names = visible_queues(request)
         page = [name for name in names if name > after][:limit]
-        response = Response([describe_queue(get_queue(name)) for name in page])
+        finished = finished_stats() if page else {}
+        response = Response([describe_queue(get_queue(name), finished) for name in page])
         response["X-Total-Count"] = str(len(names))
         if page and page[-1] != names[-1]:
             query = urlencode({"limit": limit, "after": page[-1]})
@@ -119,7 +120,7 @@ class QueueDetailView(JobQView):
     def get(self, request: Request, queue: str) -> Response:
         if queue not in known_queues():
             raise NotFound(f"no queue {queue!r}")
-        return Response(describe_queue(get_queue(queue)))
+        return Response(describe_queue(get_queue(queue), finished_stats()))
 
 
 class PauseView(JobQView):

@@ -157,3 +157,49 @@ def test_the_queue_list_comes_in_pages_that_link_to_the_next(api):
     assert [n for n in seen if n.startswith("paged-")] == names
     assert api.get("/jobq/queues/?limit=0").status_code == 400
     assert api.get("/jobq/queues/?limit=501").status_code == 400
+
+
+def test_queue_stats_come_from_the_rollup_the_admin_reads_in_one_read_for_the_page(api, mirror_now):
+    """Issue 37, defect 5: each queue's stats were an aggregate over its job rows (1.3–3.6 s
+    for 20 queues on a million rows). Now the page reads the admin's per-minute rollup plus
+    the rows not folded yet: a few reads of finished rows for the page, not one per queue,
+    and the same figures as the admin's overview."""
+    import datetime as dt
+
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from django_jobq.api.listing import rows_alias
+    from django_jobq.backend import get_storage
+    from django_jobq.mirror import rollup
+
+    storage = get_storage()
+    for n in range(12):
+        name = f"api-stats-{n}"
+        for i in range(n % 4 + 1):
+            get_queue(name).enqueue(f"j{i}", i, max_attempts=1)
+        for i, claimed in enumerate(storage.claim(name, "w-1", 10, 30_000).jobs):
+            if i % 2:
+                storage.fail(name, claimed.job_id, claimed.token, b'{"type": "E"}', permanent=True)
+            else:
+                storage.complete(name, claimed.job_id, claimed.token, b"1")
+    mirror_now()
+
+    def finished_reads(path: str) -> tuple[list, list[str]]:
+        """The page's reads of finished job rows (the storage's own counts aside)."""
+        with CaptureQueriesContext(connections[rows_alias()]) as captured:
+            body = api.get(path).json()
+        sql = [q["sql"] for q in captured.captured_queries]
+        return body, [q for q in sql if '"django_jobq_job"' in q and '"finished_at"' in q]
+
+    many, reads = finished_reads("/jobq/queues/?limit=500")
+    assert len(reads) <= 3, reads  # the fold's probe and read, the tail; not one per queue
+    admin = rollup.finished_since(rows_alias(), timezone.now() - dt.timedelta(hours=1))
+    stats = {q["name"]: q["stats"] for q in many if q["name"].startswith("api-stats-")}
+    assert len(stats) == 12
+    for name, got in stats.items():
+        n = int(name.rsplit("-", 1)[1]) % 4 + 1
+        assert (got["completed_last_hour"], got["failed_last_hour"]) == ((n + 1) // 2, n // 2)
+        assert (admin[name].completed, admin[name].failed) == ((n + 1) // 2, n // 2)
+        assert got["mean_run_seconds"] >= 0 and got["mean_wait_seconds"] >= 0
