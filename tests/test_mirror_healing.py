@@ -391,9 +391,44 @@ def test_a_gap_is_said_in_health_and_the_admin_banner(
     assert (gap["queue"], gap["rows"]) == (Q, 300) and "trimmed" in gap["why"]
     [said] = health_as_reader()["mirror_gaps"]
     assert (said["queue"], said["rows"]) == (Q, 300)
-    banner = mirror_banner()
-    assert banner is not None and Q in banner and "re-read" in banner
+    # Healed: the rows are current again, so no page warns any more (health still says it).
+    assert mirror_banner() is None and mirror_banner([Q]) is None
     assert recent_gaps(storage, within=0) == []  # reported for a while, not forever
+
+
+def test_a_queue_being_re_read_warns_on_its_own_pages_until_the_re_read_ends(
+    redis_client, redis_prefix, db_alias, settings
+):
+    """Issue 37, defect 7: after a retry storm trimmed one queue's stream, the healed mirror
+    warned on every job page of every queue for an hour. The warning is for the pages of the
+    queue being re-read, while it is (the rows may be stale), and nowhere else."""
+    from django_jobq.admin.common import mirror_banner
+
+    settings.JOBQ = {**settings.JOBQ, "BACKEND": "redis", "REDIS_URL": settings.REDIS_URL,
+                     "PREFIX": redis_prefix,
+                     "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": db_alias}}  # fmt: skip
+    storage = RedisStorage(redis_client, prefix=redis_prefix, events_maxlen=10)
+    other = f"{Q}-other"
+    for name in (Q, other):
+        storage.register_queue(name)
+    mirror = Mirror(storage, queues=[Q, other], using=db_alias, consumer="m1",
+                    gap_check_interval=0)  # fmt: skip
+    mirror.queues()
+    enqueue(storage, *[f"j{i:03}" for i in range(300)])  # far past the cap: a gap on Q
+    seen: dict[str, str | None] = {}
+    resync = mirror.resync
+
+    def watched(queue, **kwargs):  # what the pages say while the re-read runs
+        seen.update(own=mirror_banner([queue]), other=mirror_banner([other]),
+                    every=mirror_banner())  # fmt: skip
+        return resync(queue, **kwargs)
+
+    mirror.resync = watched  # type: ignore[method-assign]
+    mirror.run_once()
+    assert seen["own"] is not None and f"re-reading {Q}" in seen["own"]
+    assert seen["every"] is not None and Q in seen["every"]  # the overview, the whole list
+    assert seen["other"] is None
+    assert mirror_banner([Q]) is None  # the re-read ended: the rows are current
 
 
 def test_two_mirrors_at_once_never_write_an_older_record_over_a_newer_one(

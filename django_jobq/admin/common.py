@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -49,11 +50,14 @@ def has_mirror() -> bool:
     return jobq_settings()["BACKEND"] != "database"
 
 
-def mirror_banner() -> str | None:
-    """The warning shown on the admin's job pages while the rows are more than
-    ``MIRROR["LAG_WARNING"]`` seconds behind Redis, for an hour after the mirror lost events
-    and re-read a queue (a gap), or while the mirror has set jobs aside;
-    None when the rows are current (or are the state: database backend)."""
+def mirror_banner(queues: Sequence[str] | None = None) -> str | None:
+    """The warning shown on the admin's pages while their rows may be out of date: the rows
+    more than ``MIRROR["LAG_WARNING"]`` seconds behind Redis, a queue being re-read after
+    the mirror lost events (until the re-read ends), accepted jobs Redis lost (for an hour),
+    a queue shown as a sample, jobs the mirror set aside. ``queues`` (physical names) scopes
+    it to a page's queues: a gap on one queue once warned on every job page of every queue
+    for an hour after its rows were current again. None when the rows are current (or are
+    the state: database backend)."""
     from ..mirror import check as mirror_check
     from ..models import MirrorReject
 
@@ -62,10 +66,15 @@ def mirror_banner() -> str | None:
     conf = jobq_settings()["MIRROR"]
     try:
         storage = get_storage()
-        lag, backlog = mirror_check.lag(storage, physical_queue_names())
-        rejected = MirrorReject.objects.using(jobs_alias()).count() if lag is not None else 0
-        gaps = mirror_check.recent_gaps(storage) if lag is not None else []
-        sampled = mirror_check.sampled_queues(storage) if lag is not None else []
+        known = physical_queue_names()  # a name from a URL never reaches a Redis key
+        scope = known if queues is None else [q for q in queues if q in set(known)]
+        lag, backlog = mirror_check.lag(storage, scope)
+        rejects = MirrorReject.objects.using(jobs_alias())
+        if queues is not None:
+            rejects = rejects.filter(queue__in=scope)
+        rejected = rejects.count() if lag is not None else 0
+        gaps = mirror_check.recent_gaps(storage, scope) if lag is not None else []
+        sampled = mirror_check.sampled_queues(storage, scope) if lag is not None else []
     except Exception as exc:  # Redis down: the pages say so where they read it
         logger.warning("mirror lag not readable: %s", exc)
         return None
@@ -76,6 +85,14 @@ def mirror_banner() -> str | None:
             "written yet): lists and history may be out of date; live counts and job states "
             "come from Redis."
         )
+    healing = [g for g in gaps if g.get("healing")]
+    if healing:
+        names = ", ".join(sorted({str(g["queue"]) for g in healing}))
+        parts.append(
+            f"The mirror lost events before writing them and is re-reading {names} from "
+            f"Redis ({healing[0]['why']}): its rows may be out of date until that ends; "
+            "live counts and job states come from Redis."
+        )
     lost = [g for g in gaps if isinstance(g.get("lost"), int) and g["lost"] > 0]
     if lost:
         said = ", ".join(f"{g['lost']:,} of {g['queue']}" for g in lost)
@@ -83,13 +100,6 @@ def mirror_banner() -> str | None:
             f"Accepted jobs are gone from Redis before they finished ({lost[0]['why']}): "
             f"{said}. Their rows are marked Lost (filter by state); nothing will run them. "
             "durability='journal' would have re-created them (docs/durability.md)."
-        )
-    if gaps:
-        names = ", ".join(sorted({str(g["queue"]) for g in gaps}))
-        parts.append(
-            f"The mirror lost events before writing them and re-read these queues from Redis "
-            f"in the last hour: {names} ({gaps[0]['why']}). Their rows are current again; a "
-            "job that finished and expired meanwhile keeps its last mirrored state."
         )
     for mode in sampled:
         since = dt.datetime.fromtimestamp(mode["since"], tz=dt.UTC)

@@ -28,7 +28,9 @@ the failed batch, so it never holds back the others.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -322,7 +324,15 @@ class Mirror:
     def heal(self, queue: str, why: str) -> int:
         """Bring ``queue``'s rows back after a gap: every live record re-read
         (``heal_exact``), or on a big queue counts and a sample (``mirror_sample``).
-        Returns the rows written."""
+        Returns the rows written.
+
+        Until the re-read ends the queue's rows may be stale: that is said first (a gap
+        record marked ``healing``, which the end of the heal replaces), so the admin warns on
+        that queue's pages for exactly that long, and a mirror killed mid-heal leaves the
+        warning up until one finishes."""
+        self.storage.record_mirror_gap(queue, {
+            "at": round(time.time(), 3), "why": why, "healing": True, "consumer": self.consumer,
+        })  # fmt: skip
         if mirror_sample.wants_sample(self, queue):
             return mirror_sample.heal_sampled(self, queue, why)
         return self.heal_exact(queue, why)
@@ -541,7 +551,8 @@ class Mirror:
                 self.Job.objects.using(self.using).filter(queue=queue, job_id=event.job_id).update(
                     **fields
                 )
-        rows = [(e.job_id, queue, e.kind, e.at, e.worker or "", None, e.id) for e in events]
+        rows = [(e.job_id, queue, e.kind, e.at, e.worker or "", error_detail(e), e.id)
+                for e in events]  # fmt: skip
         # A redelivered event hits the (queue, stream_id) unique index and is skipped.
         insert_events(self.JobEvent, self.Job, self.using, rows)
 
@@ -698,6 +709,24 @@ class Mirror:
                     create_defaults={**fields, "started_at": ms_dt(info.get("started"))},
                 )
             model.exclude(worker_id__in=[r.worker_id for r in records]).delete()
+
+
+#: Event kinds whose error the rows keep: the job page lists every attempt's error from them.
+ERROR_KINDS = frozenset({"retrying", "failed"})
+
+
+def error_detail(event: Event) -> dict[str, Any] | None:
+    """The ``detail`` of an event row carrying an attempt's error, in the database backend's
+    shape (``{"raw": base64 of the error's JSON, "ct": "json"}``, or ``{"omitted": true}``
+    over ``EVENT_DATA_MAX``): the job page reads both backends' rows alike. None otherwise."""
+    if event.kind not in ERROR_KINDS:
+        return None
+    if event.data_omitted:
+        return {"omitted": True}
+    if event.data is None:
+        return None
+    raw = json.dumps(event.data).encode()
+    return {"raw": base64.b64encode(raw).decode(), "ct": "json"}
 
 
 def forget_removed(queue: str, removed: Sequence[Event]) -> None:
