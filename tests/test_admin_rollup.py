@@ -232,5 +232,5 @@ def test_the_overview_counts_a_burst_exactly_and_says_the_charts_catch_up(
     assert rollup.fold(alias="default", now=now, budget=1).behind  # still behind after the view
     row = html[html.index('data-queue="burst"') :]
     row = row[: row.index("</tr>")]
-    assert "2700</span> / <span" in row.replace(",", "") and ">300</span>" in row
+    assert "&nbsp;2,700</span> / <span" in row and "&nbsp;300</span>" in row
     assert 'id="jobq-folding"' in html

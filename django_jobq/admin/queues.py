@@ -29,7 +29,7 @@ from ..mirror import rollup
 from ..models import Job
 from ..states import JobState
 from ..validation import logical_name
-from . import deadletters
+from . import controls, deadletters
 from .charts import history_charts, queue_charts
 from .common import (
     DELETE_PERM,
@@ -62,7 +62,12 @@ def refresh_seconds(request: HttpRequest) -> int | None:
 
 HOUR = dt.timedelta(hours=1)
 NONE = rollup.Finished()  # a queue with no job finished in the hour
-COUNTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING)
+#: The states counted on each row, as the API's ``counts`` name them (dead letters, the
+#: failed ones, have their own column). Completed and cancelled count the jobs still kept.
+COUNTED = (
+    JobState.QUEUED, JobState.SCHEDULED, JobState.ACTIVE, JobState.RETRYING,
+    JobState.COMPLETED, JobState.CANCELLED,
+)  # fmt: skip
 
 
 class AtLeast(int):
@@ -153,6 +158,16 @@ class QueueAdmin(admin.ModelAdmin):
         return [
             path("", wrap(self.overview_view), name="django_jobq_queueconfig_changelist"),
             path("q/<str:name>/", wrap(self.queue_view), name="django_jobq_queue_detail"),
+            path(
+                "all/<str:verb>/",
+                wrap(self.pause_all_view),
+                name="django_jobq_queue_pause_all",
+            ),
+            path(
+                "q/<str:name>/settings/",
+                wrap(self.settings_view),
+                name="django_jobq_queue_settings",
+            ),
             path(
                 "q/<str:name>/dead/<str:verb>/",
                 wrap(self.dead_view),
@@ -272,6 +287,14 @@ class QueueAdmin(admin.ModelAdmin):
         }  # fmt: skip
         return TemplateResponse(request, "admin/django_jobq/queues/dead.html", context)
 
+    def settings_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        return controls.settings_view(self, request, name)
+
+    def pause_all_view(self, request: HttpRequest, verb: str) -> HttpResponse:
+        if verb not in ("pause", "resume"):
+            raise Http404(f"No such queue action {verb!r}.")
+        return controls.pause_all_view(self, request, verb)
+
     def pause_view(self, request: HttpRequest, name: str, verb: str) -> HttpResponse:
         if not request.user.has_perm(QUEUE_CHANGE_PERM):
             raise PermissionDenied
@@ -284,6 +307,7 @@ class QueueAdmin(admin.ModelAdmin):
             self.message_user(request, str(exc), messages.ERROR)
         else:
             done = "paused: workers take no new jobs" if verb == "pause" else "resumed"
+            controls.audit(request, name, "Paused" if verb == "pause" else "Resumed")
             self.message_user(request, f"Queue {name} {done}.", messages.SUCCESS)
         back = request.POST.get("next", "")
         if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):

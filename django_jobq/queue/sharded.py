@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from ..errors import InvalidOption
 from ..job import (
     CancelOutcome,
     ChangeOutcome,
@@ -26,11 +27,17 @@ from ..job import (
     NewJob,
     PendingFailureCall,
     QueueLimits,
+    Retention,
     RetryOutcome,
     StoredEnqueue,
 )
 from ..states import JobState
-from ..validation import partition_names, validate_job_id, validate_positive_int
+from ..validation import (
+    parse_retention,
+    partition_names,
+    validate_job_id,
+    validate_positive_int,
+)
 from . import sharded_events
 from .core import Queue, _shard_count, checked_limits
 from .events import PageReader
@@ -214,6 +221,20 @@ class ShardedQueue(Queue, sharded=True):
             if all(getattr(limits, name) is not None for limits in each)
         }
         return replace(each[0], **summed)
+
+    def set_retention(self, retention: Any = None, **states: Any) -> Retention:
+        """``Queue.set_retention`` for the logical queue: every member keeps the policy, as
+        workers apply a configured one (a count is kept per partition: docs/scaling.md).
+        The plain ``Queue`` method set it on the logical name, which no worker serves."""
+        if retention is not None and states:
+            raise InvalidOption("give a Retention (or dict) or per-state keywords, not both")
+        policy = parse_retention(states if retention is None else retention)
+        for queue in self.members():
+            queue.set_retention(policy)
+        return policy
+
+    def get_retention(self) -> Retention:
+        return self.partitions[0].get_retention()
 
     def drain(self, *, delayed: bool = True) -> int:
         return sum(q.drain(delayed=delayed) for q in self.members())
