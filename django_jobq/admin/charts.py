@@ -181,9 +181,20 @@ def _svg(title: str, body: str, legend: list[Series]) -> SafeString:
     )  # fmt: skip
 
 
+def _empty(title: str, legend: list[Series], what: str) -> SafeString:
+    """A window with nothing to draw says so, rather than showing blank axes."""
+    body = format_html(
+        '<text class="empty" x="{}" y="{}" text-anchor="middle">{}</text>',
+        WIDTH // 2, HEIGHT // 2, what,
+    )  # fmt: skip
+    return _svg(title, body, legend)
+
+
 def bar_chart(title: str, unit: str, stacked: list[Series], labels: Sequence[str]) -> SafeString:
     buckets = len(stacked[0].values)
     totals = [sum(s.values[i] or 0 for s in stacked) for i in range(buckets)]
+    if not any(totals):
+        return _empty(title, stacked, "No job finished in this window")
     bound, grid = _scale(max(totals, default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = plot_w / buckets
@@ -206,23 +217,42 @@ def bar_chart(title: str, unit: str, stacked: list[Series], labels: Sequence[str
     return _svg(title, "".join(parts), stacked)
 
 
+#: Durations drawn in the unit their range reads best in: (below this many seconds, unit,
+#: factor from seconds).
+TIME_UNITS = ((1.0, "ms", 1000.0), (120.0, "seconds", 1.0), (math.inf, "minutes", 1 / 60))
+
+
 def line_chart(title: str, unit: str, lines: list[Series], labels: Sequence[str]) -> SafeString:
-    top = max((v for s in lines for v in s.values if v is not None), default=0.0)
-    bound, grid = _scale(top)
+    """Lines through the buckets that have a value; a bucket without one (no job finished
+    then) breaks the line, so a gap shows as a gap rather than a slope across it. Values in
+    seconds are drawn in ms, seconds or minutes, as their range reads best."""
+    top = max((v for s in lines for v in s.values if v is not None), default=None)
+    if top is None:
+        return _empty(title, lines, "No job finished in this window")
+    factor = 1.0
+    if unit == "seconds":
+        _, unit, factor = next(u for u in TIME_UNITS if top < u[0])
+    bound, grid = _scale(top * factor)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     parts = [_frame(title, unit, bound, grid, labels)]
     for series in lines:
         count = len(series.values)
-        points = [
-            (LEFT + plot_w * (i + 0.5) / count, TOP + plot_h - v / bound * plot_h)
-            for i, v in enumerate(series.values)
-            if v is not None
-        ]
-        if len(points) > 1:
-            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            parts.append(format_html('<polyline class="line {}" points="{}"/>', series.css, coords))
+        runs: list[list[tuple[float, float]]] = [[]]
+        for i, v in enumerate(series.values):
+            if v is None:
+                if runs[-1]:
+                    runs.append([])
+                continue
+            runs[-1].append((LEFT + plot_w * (i + 0.5) / count,
+                             TOP + plot_h - v * factor / bound * plot_h))  # fmt: skip
+        for run in runs:
+            if len(run) > 1:
+                coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+                parts.append(
+                    format_html('<polyline class="line {}" points="{}"/>', series.css, coords)
+                )
         dot = '<circle class="dot {}" cx="{}" cy="{}" r="2.5"/>'
-        parts.extend(format_html(dot, series.css, _n(x), _n(y)) for x, y in points)
+        parts.extend(format_html(dot, series.css, _n(x), _n(y)) for run in runs for x, y in run)
     return _svg(title, "".join(parts), lines)
 
 
