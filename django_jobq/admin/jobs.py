@@ -31,7 +31,7 @@ from .. import permissions as ops
 from ..models import Job
 from ..permissions import user_may
 from ..states import JobState
-from . import detail, filtered
+from . import detail, filtered, search
 from .actions import ACTIONS, bulk_action, confirm_page, parse_extra, perform, record
 from .common import duration, jobs_alias, mirror_banner, physical_queue_names, rows_of
 from .listing import (
@@ -76,15 +76,23 @@ def id_prefix(queryset: QuerySet[Job], term: str) -> QuerySet[Job]:
     ``LIKE 'term%'`` whatever the collation. Elsewhere (SQLite compares text as bytes, in code
     point order) a range of the (queue, job_id) unique index narrows the rows and the LIKE
     keeps the case exact."""
-    matching = queryset.filter(job_id__startswith=term)
+    return starting_with(queryset, "job_id", term)
+
+
+def starting_with(queryset: QuerySet[Job], field: str, term: str) -> QuerySet[Job]:
+    """Rows whose ``field`` starts with ``term``: ``LIKE 'term%'`` (PostgreSQL reads a
+    ``varchar_pattern_ops`` index for it), plus elsewhere the range ``term <= field <
+    next(term)`` an ordinary index serves (SQLite compares text in code point order; its
+    LIKE, case-insensitive, reads no index)."""
+    matching = queryset.filter(**{f"{field}__startswith": term})
     if connections[queryset.db].vendor == "postgresql":
         return matching
     last = ord(term[-1]) + 1
     if 0xD800 <= last <= 0xDFFF:  # surrogates are no characters: next is U+E000
         last = 0xE000
     if last > 0x10FFFF:
-        return matching.filter(job_id__gte=term)
-    return matching.filter(job_id__gte=term, job_id__lt=term[:-1] + chr(last))
+        return matching.filter(**{f"{field}__gte": term})
+    return matching.filter(**{f"{field}__gte": term, f"{field}__lt": term[:-1] + chr(last)})
 
 
 def state_badge(state: str) -> str:
@@ -94,7 +102,7 @@ def state_badge(state: str) -> str:
 
 class JobAdmin(admin.ModelAdmin):
     list_display = (
-        "job_link", "queue", "state_label", "progress_bar", "handler", "tries", "priority",
+        "job_link", "queue", "state_label", "progress_bar", "handler_name", "tries", "priority",
         "worker", "created", "finished", "run_time",
     )  # fmt: skip
     list_display_links = None
@@ -104,7 +112,11 @@ class JobAdmin(admin.ModelAdmin):
     )  # fmt: skip
     # See get_search_results: an exact id through the (queue, job_id) index, else a handler.
     search_fields = ("job_id", "handler")
-    search_help_text = "A job id or its beginning, or the beginning of a handler name."
+    search_help_text = (
+        "A job id or its beginning, or the beginning of a handler name; with “search in” "
+        "payload or error, any part of a job's arguments or of its error (type, message, "
+        "traceback)."
+    )
     # Newest first by creation time, the primary key breaking ties: every common view has an
     # index in that order ((created_at, id) alone; (queue, created_at, id); and, SQLite
     # appending the row id to every index, (queue, state, created_at)). By the primary key
@@ -129,12 +141,24 @@ class JobAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        """An exact job id first, then job ids starting with the term, then handlers starting
-        with it. Ids are looked up per known queue name through an index on (queue, job_id)
-        (a pasted id or a prefix costs a few index probes, never a scan of every row)."""
-        term = search_term.strip()
+        """By default an exact job id first, then job ids starting with the term, then
+        handlers starting with it, each through an index: ids per known queue name on
+        (queue, job_id) (a pasted id or a prefix costs a few index probes, never a scan of
+        every row), handlers on (handler, created_at, id) (migration 0029). With "search in"
+        payload or error: the text search of ``search.py``. What the page should tell about
+        the search (a term cut, jobs not searched) goes to ``request.jobq_search_note``."""
+        term, notes = search.clean_term(search_term)
+        where = request.GET.get(search.SEARCH_IN_VAR, "")
+        if where not in search.SEARCH_IN:
+            notes.append(f"There is no “search in {where[:40]}”: ids and handlers were searched.")
+            where = ""
+        request.jobq_search_note = " ".join(notes) or None  # type: ignore[attr-defined]
         if not term:
             return queryset, False
+        if where:
+            found, note = search.text_search(queryset, where, term)
+            request.jobq_search_note = " ".join([*notes, note] if note else notes) or None  # type: ignore[attr-defined]
+            return found, False
         names = physical_queue_names()
         by_id = queryset.filter(queue__in=names, job_id=term)
         if by_id.exists():
@@ -142,7 +166,7 @@ class JobAdmin(admin.ModelAdmin):
         by_prefix = id_prefix(queryset.filter(queue__in=names), term)
         if by_prefix.exists():
             return by_prefix, False
-        return queryset.filter(handler__startswith=term), False
+        return starting_with(queryset, "handler", term), False
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
         return JobChangeList
@@ -183,7 +207,19 @@ class JobAdmin(admin.ModelAdmin):
     def job_link(self, obj: Job) -> str:
         url = _change_url(get_script_prefix(), get_urlconf()).removesuffix("0/change/")
         url = f"{url}{int(obj.pk)}/change/"
-        return format_html('<a href="{}" class="jobq-id">{}</a>', url, obj.job_id)
+        # Long ids are cut with an ellipsis (the table fits its box at 1280 px with the menu
+        # open); the whole id is the link's title.
+        return format_html(
+            '<a href="{}" class="jobq-id jobq-trunc" title="{}">{}</a>', url, obj.job_id, obj.job_id
+        )
+
+    @admin.display(description="handler", ordering="handler")
+    def handler_name(self, obj: Job) -> str:
+        if not obj.handler:
+            return "—"
+        return format_html(
+            '<span class="jobq-trunc" title="{}">{}</span>', obj.handler, obj.handler
+        )
 
     @admin.display(description="state", ordering="state")
     def state_label(self, obj: Job) -> str:
@@ -247,12 +283,17 @@ class JobAdmin(admin.ModelAdmin):
                 name="django_jobq_job_act",
             ),
         ]
-        return own + super().get_urls()
+        from . import byhand  # jobs by hand: the job form, run again, reschedule, promote all
+
+        return own + byhand.urls(self) + super().get_urls()
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        context = {**(extra_context or {}), "mirror_banner": mirror_banner(), "title": "Jobs"}
+        # A list filtered to a queue warns about that queue only.
+        shown = request.GET.get("queue")
+        banner = mirror_banner(rows_of(shown) if shown else None)
+        context = {**(extra_context or {}), "mirror_banner": banner, "title": "Jobs"}
         if request.GET.get("live") != "1":
             return super().changelist_view(request, context)
         # The page's poll (jobq-live.js): the same list (filters, search, page) without the
