@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -225,3 +227,28 @@ def health_as_reader() -> dict:
     from django_jobq.api.serializers import HealthSerializer
 
     return HealthSerializer(health_report(lambda names: names)[0]).data
+
+
+#: The admin's backends as operators run them: the database backend on SQLite and
+#: PostgreSQL, and Redis with the mirror writing rows to either (``admin_backend``).
+ADMIN_BACKENDS = [
+    ("database", "default"),
+    pytest.param(("database", "pg"), marks=pytest.mark.postgres),
+    pytest.param(("redis", "default"), marks=pytest.mark.redis),
+    pytest.param(("redis", "pg"), marks=[pytest.mark.redis, pytest.mark.postgres]),
+]
+ADMIN_BACKEND_IDS = ["database-sqlite", "database-postgres", "redis-sqlite", "redis-postgres"]
+
+
+def admin_backend(request, settings) -> tuple[str, str]:
+    """Point JOBQ at the fixture's ``(kind, alias)`` of ``ADMIN_BACKENDS`` (a Redis key prefix
+    of the test's own) and return it."""
+    kind, alias = request.param
+    if kind == "redis":
+        settings.JOBQ = {
+            **settings.JOBQ, "BACKEND": "redis", "PREFIX": request.getfixturevalue("redis_prefix"),
+            "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": alias},
+        }  # fmt: skip
+    else:
+        settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": alias}
+    return kind, alias

@@ -27,6 +27,8 @@ from django_jobq.mirror import Mirror
 from django_jobq.models import Job
 from django_jobq.queue import Queue
 
+from .helpers import ADMIN_BACKEND_IDS, ADMIN_BACKENDS, admin_backend
+
 Q, OTHER = "filtered-a", "filtered-b"
 CHANGELIST = "admin:django_jobq_job_changelist"
 ERROR = json.dumps({"type": "ValueError", "message": "bad", "traceback": ""}).encode()
@@ -62,25 +64,9 @@ class Jobs:
         return None if status is None else status.state.value
 
 
-@pytest.fixture(
-    params=[
-        ("database", "default"),
-        pytest.param(("database", "pg"), marks=pytest.mark.postgres),
-        pytest.param(("redis", "default"), marks=pytest.mark.redis),
-        pytest.param(("redis", "pg"), marks=[pytest.mark.redis, pytest.mark.postgres]),
-    ],
-    ids=["database-sqlite", "database-postgres", "redis-sqlite", "redis-postgres"],
-)
+@pytest.fixture(params=ADMIN_BACKENDS, ids=ADMIN_BACKEND_IDS)
 def jobs(request, settings) -> Jobs:
-    kind, alias = request.param
-    if kind == "redis":
-        settings.JOBQ = {
-            **settings.JOBQ, "BACKEND": "redis", "PREFIX": request.getfixturevalue("redis_prefix"),
-            "MIRROR": {"ENABLED": True, "DATABASE_ALIAS": alias},
-        }  # fmt: skip
-    else:
-        settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": alias}
-    return Jobs(kind, alias)
+    return Jobs(*admin_backend(request, settings))
 
 
 def start(client: Client, action: str, query: str) -> str:

@@ -9,6 +9,7 @@ from django.contrib import admin
 from ..api import admin as api_admin  # noqa: F401 - registers the ApiKey admin (no DRF needed)
 from ..models import BroadcastLog, Job, MirrorReject, QueueConfig, WorkerInfo
 from .broadcasts import BroadcastAdmin
+from .failures import TriageQueueAdmin
 from .jobs import JobAdmin
 from .queues import QueueAdmin
 from .rejects import MirrorRejectAdmin
@@ -16,7 +17,7 @@ from .schedules import ScheduleAdmin, ScheduleForm
 from .workers import WorkerAdmin
 
 admin.site.register(Job, JobAdmin)
-admin.site.register(QueueConfig, QueueAdmin)
+admin.site.register(QueueConfig, TriageQueueAdmin)  # QueueAdmin + the failures pages
 admin.site.register(WorkerInfo, WorkerAdmin)
 admin.site.register(MirrorReject, MirrorRejectAdmin)
 admin.site.register(BroadcastLog, BroadcastAdmin)

@@ -3,17 +3,21 @@ relatives, and the actions this user may take on it now."""
 
 from __future__ import annotations
 
+import base64
+import copy
 import math
 from typing import Any
 
 from django.db.models import Q
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.urls import reverse
 
-from ..job import ms_to_datetime
+from ..job import decode_error, ms_to_datetime
 from ..models import Job, Schedule
 from ..serde import unwrap
 from ..states import JobState
+from . import byhand
 from .actions import ACTIONS
 from .common import (
     decode_blob,
@@ -69,6 +73,7 @@ def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
         "result": _result(job),
         "error": job.error if isinstance(job.error, dict) else None,
         "traceback": error_traceback(job.error),
+        "attempt_errors": attempt_errors(job),
         "progress": None if job.progress is None else pretty(job.progress),
         "progress_percent": _percent(progress_fraction(job.progress)),
         "live_url": reverse("admin:django_jobq_job_live", args=[job.pk]),
@@ -78,7 +83,8 @@ def context(request: HttpRequest, admin: Any, job: Job) -> dict[str, Any]:
         "parked": is_parked(job),
         "related": related(job, meta),
         "actions": _actions(request, job, live.state if live is not None else None),
-        "mirror_banner": mirror_banner(),
+        "by_hand": byhand.tools(request, job, state, parked=is_parked(job)),
+        "mirror_banner": mirror_banner([job.queue]),  # this job's queue only
     }
 
 
@@ -91,6 +97,105 @@ def error_traceback(error: Any) -> str | None:
     if not text or "\n" not in text and text.endswith(str(error.get("message", ""))):
         return None
     return text
+
+
+#: Events read for the attempts' errors (the newest; a job retried for days can have more).
+ATTEMPT_EVENTS = 1000
+#: The kinds that start, end or give back an attempt (progress and log lines are not read).
+ATTEMPT_KINDS = ("active", "retrying", "failed", "completed", "cancelled", "stalled",
+                 "released", "scheduled", "queued", "retried")  # fmt: skip
+#: Kinds that end a running attempt without using it (its number is run again).
+GIVEN_BACK = ("stalled", "released", "scheduled", "queued")
+
+
+def attempt_errors(job: Job) -> dict[str, Any]:
+    """Every failed attempt's error, newest first, from the job's events: the ``retrying``
+    and ``failed`` events carry the error of the attempt they end (``Event.data``, kept in
+    the event row's ``detail`` by both the database backend and the Redis mirror) unless it
+    was over ``EVENT_DATA_MAX`` bytes; the newest one then comes from ``Job.error``. Attempts
+    are numbered as the worker numbers them: an attempt given back (stalled, released) is run
+    again under its number, and an operator's retry starts again from 1. ``gone`` says that
+    older attempts' events are no longer there (trimmed before the mirror read them, a
+    mirror re-read, or more than ``ATTEMPT_EVENTS``): their errors cannot be shown."""
+    newest = (
+        job.events.using(jobs_alias()).filter(kind__in=ATTEMPT_KINDS)
+        .order_by("-at", "-id").only("kind", "at", "worker", "detail")[:ATTEMPT_EVENTS]
+    )  # fmt: skip
+    events = list(reversed(list(newest)))
+    rows: list[dict[str, Any]] = []
+    number, running, started, round_ = 0, False, None, 0
+    for event in events:
+        if event.kind == "retried":
+            number, running, round_ = 0, False, round_ + 1
+        elif event.kind == "active":
+            number, running, started = number + 1, True, event.at
+        elif running and event.kind in GIVEN_BACK:
+            number, running = number - 1, False
+            if event.kind == "stalled":
+                rows.append(_attempt_row(job, event, number + 1, started, round_))
+        elif event.kind in ("retrying", "failed"):
+            rows.append(_attempt_row(job, event, number, started, round_))
+            running = False
+        elif event.kind in ("completed", "cancelled"):
+            running = False
+    # The current round's attempts the events do not account for came before the oldest
+    # event read: number them on from there, and say that their errors are gone.
+    missing = max(0, job.attempts - number)
+    for row in rows:
+        row["current"] = row.pop("round") == round_
+        if row["current"]:
+            row["attempt"] += missing
+        elif missing:
+            row["attempt"] = None  # a round before a retry whose start is gone: unknown
+    rows.reverse()
+    if _fill_newest(job, rows):
+        missing = max(0, missing - 1)
+    gone = bool(missing) or len(events) == ATTEMPT_EVENTS
+    return {"rows": rows, "gone": gone, "missing": missing,
+            "shown": len(rows) > 1 or gone and bool(rows or job.error)}  # fmt: skip
+
+
+def _attempt_row(job: Job, event: Any, number: int, started: Any, round_: int) -> dict[str, Any]:
+    error, omitted = _event_error(event.detail)
+    ran = None
+    if started is not None and event.at >= started:
+        ran = duration((event.at - started).total_seconds() * 1000)
+    return {"attempt": number, "round": round_, "at": event.at, "kind": event.kind,
+            "worker": event.worker, "ran": ran, "error": error, "omitted": omitted,
+            "traceback": error_traceback(error)}  # fmt: skip
+
+
+def _event_error(detail: Any) -> tuple[dict[str, Any] | None, bool]:
+    """(the error, whether it was left out for its size) of an event row's ``detail``."""
+    if not isinstance(detail, dict):
+        return None, False
+    if detail.get("omitted"):
+        return None, True
+    raw = detail.get("raw")
+    if not isinstance(raw, str):
+        return None, False
+    try:
+        return decode_error(base64.b64decode(raw, validate=True)), False
+    except ValueError:
+        return None, False
+
+
+def _fill_newest(job: Job, rows: list[dict[str, Any]]) -> bool:
+    """The newest failed attempt's error from the row when its event could not carry it, or
+    is gone: ``Job.error`` is that attempt's error while the job is retrying or failed.
+    True when the row gave an attempt the events did not have."""
+    if job.state not in (JobState.RETRYING, JobState.FAILED) or not isinstance(job.error, dict):
+        return False
+    kind = "failed" if job.state == JobState.FAILED else "retrying"
+    if rows and rows[0]["attempt"] == job.attempts and rows[0]["kind"] == kind:
+        if rows[0]["error"] is None:
+            rows[0].update(error=job.error, omitted=False, traceback=error_traceback(job.error))
+        return False
+    at = job.finished_at or job.started_at or job.created_at
+    rows.insert(0, {"attempt": job.attempts or None, "current": True, "at": at, "kind": kind,
+                    "worker": job.worker, "ran": None, "error": job.error, "omitted": False,
+                    "traceback": error_traceback(job.error)})  # fmt: skip
+    return True
 
 
 def progress_fraction(value: Any) -> float | None:
@@ -251,7 +356,19 @@ def live(job: Job) -> dict[str, Any]:
         "percent": _percent(progress_fraction(progress)),
         "error": error,
         "finished": str(state) in FINISHED_STATES,
+        "html": {"jobq-logs-box": live_logs(job, status)},
     }
+
+
+def live_logs(job: Job, status: Any) -> str:
+    """The log box as the page draws it, from the storage's lines when it answered (with
+    Redis the row's lines trail by the mirror's lag): a running job's new lines appear on
+    top without a reload."""
+    if status is not None:
+        job = copy.copy(job)
+        job.logs = [[int(at.timestamp() * 1000), line] for at, line in status.logs]
+    groups = history(job)["log_groups"]
+    return render_to_string("admin/django_jobq/job/_logs.html", {"log_groups": groups})
 
 
 FINISHED_STATES = {s.value for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)}

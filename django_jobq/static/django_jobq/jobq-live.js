@@ -81,7 +81,10 @@
       if (hold && element.querySelector(hold)) {
         return; /* the operator is choosing rows for an action: keep them as they are */
       }
-      if (element) {
+      /* Unchanged parts stay as they are (a job page's log box while no line came in): an
+         operator selecting a line keeps the selection. */
+      if (element && element.jobqHtml !== parts[id]) {
+        element.jobqHtml = parts[id];
         element.innerHTML = parts[id];
       }
     });
