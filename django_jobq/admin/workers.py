@@ -12,12 +12,15 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from ..backend import get_storage
 from ..conf import jobq_settings
@@ -26,6 +29,8 @@ from ..models import Job, WorkerInfo
 from ..states import JobState
 from .common import LIVE_EVERY, age, jobs_alias, live_rows
 
+#: Who may stop a worker or change its concurrency from the page.
+CONTROL_PERM = "django_jobq.change_workerinfo"
 #: Current jobs listed per worker (a worker with concurrency 500 would flood the page).
 CURRENT_JOBS_SHOWN = 20
 
@@ -53,6 +58,7 @@ def live_workers(now: dt.datetime | None = None) -> tuple[list[dict[str, Any]], 
             "queues": list(info.get("queues", [])),
             "groups": [g.split(":", 1) for g in info.get("groups", []) if ":" in g],
             "concurrency": info.get("concurrency", 0),
+            "pool_size": info.get("pool_size") or info.get("concurrency", 0),
             "pool": info.get("pool", ""),
             "autoscale": _autoscale(info.get("autoscale")),
             "in_flight": info.get("in_flight", 0),
@@ -128,7 +134,63 @@ class WorkerAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         wrap = self.admin_site.admin_view
-        return [path("", wrap(self.workers_view), name="django_jobq_workerinfo_changelist")]
+        return [
+            path("", wrap(self.workers_view), name="django_jobq_workerinfo_changelist"),
+            path(
+                "control/",
+                wrap(require_POST(self.control_view)),
+                name="django_jobq_workerinfo_control",
+            ),
+        ]
+
+    def control_view(self, request: HttpRequest) -> HttpResponse:
+        """Ask a live worker to stop gracefully or to run N jobs at once. The command waits
+        in the storage until the worker's next heartbeat takes it (within seconds); only a
+        worker the registry lists can be asked, and each request is in the admin history."""
+        if not request.user.has_perm(CONTROL_PERM):
+            raise PermissionDenied
+        back = HttpResponseRedirect(reverse("admin:django_jobq_workerinfo_changelist"))
+        worker_id, op = request.POST.get("worker_id", ""), request.POST.get("op", "")
+        workers, error = live_workers()
+        worker = next((w for w in workers if w["worker_id"] == worker_id), None)
+        if worker is None:
+            self.message_user(request, error or f"No live worker {worker_id!r}.", messages.ERROR)
+            return back
+        if op == "stop":
+            command: dict[str, Any] = {"op": "stop"}
+            said = "Stop (gracefully)"
+        elif op == "concurrency":
+            raw = request.POST.get("n", "").strip()
+            top = int(worker["pool_size"] or 1)
+            if not raw.isdigit() or not 1 <= int(raw) <= top:
+                wanted = f"a whole number from 1 to {top} (the pool this worker started)"
+                self.message_user(request, f"Concurrency must be {wanted}.", messages.ERROR)
+                return back
+            if worker["autoscale"]:
+                itself = "This worker scales its concurrency itself (--autoscale): not changed."
+                self.message_user(request, itself, messages.ERROR)
+                return back
+            command = {"op": "concurrency", "n": int(raw)}
+            said = f"Set concurrency to {raw}"
+        else:
+            self.message_user(request, f"No such worker command {op!r}.", messages.ERROR)
+            return back
+        get_storage().send_worker_command(worker_id, {**command, "by": request.user.get_username()})
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type=ContentType.objects.get_for_model(WorkerInfo),
+            object_id=worker_id[:200],
+            object_repr=f"worker {worker_id}"[:200],
+            action_flag=CHANGE,
+            change_message=said,
+        )
+        self.message_user(
+            request,
+            f"{said}: asked of worker {worker_id}; it takes it at its next heartbeat "
+            f"(every {heartbeat_seconds():g} s).",
+            messages.SUCCESS,
+        )
+        return back
 
     def workers_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -144,6 +206,7 @@ class WorkerAdmin(admin.ModelAdmin):
             "workers": workers,
             "error": error,
             "heartbeat": heartbeat_seconds(),
+            "can_control": request.user.has_perm(CONTROL_PERM),
             "live_every": LIVE_EVERY,
         }
         polled = live_rows(request, {"jobq-workers-body": "admin/django_jobq/workers/_rows.html"},

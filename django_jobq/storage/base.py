@@ -682,6 +682,16 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def list_workers(self) -> list[WorkerRecord]: ...
 
+    @abc.abstractmethod
+    def send_worker_command(self, worker_id: str, command: dict) -> None:
+        """Leave ``command`` (JSON-able) for worker ``worker_id``, replacing one it has not
+        taken yet: an operator's last word counts (the admin's Stop, Set concurrency)."""
+
+    @abc.abstractmethod
+    def take_worker_command(self, worker_id: str) -> dict | None:
+        """The command left for this worker, removed as it is read (each taken once); None
+        when there is none. Workers ask at each heartbeat."""
+
     def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
         """The state of each job (None: no record), in order; the journal's reconcile asks
         this of every batch, so backends answer in one round trip where they can."""

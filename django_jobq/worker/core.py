@@ -853,6 +853,36 @@ class Worker(ServingLoop):
                     entry.job.cancel_event.set()
         self._register()
         self._beat_at = time.monotonic()
+        self._obey(self.storage.take_worker_command(self.worker_id))
+
+    def _obey(self, command: dict | None) -> None:
+        """An operator's command from the admin (``send_worker_command``), taken at a
+        heartbeat: ``stop`` (gracefully: in-flight jobs get the grace period) or
+        ``concurrency`` (the jobs run at once, from 1 up to the pool this worker started;
+        slots above a lowered limit drain as their jobs finish). Anything else is logged and
+        dropped: a malformed command never stops a worker's heartbeat."""
+        if command is None:
+            return
+        op, by = command.get("op"), command.get("by", "an operator")
+        if op == "stop":
+            logger.warning("worker %s: stop asked by %s; stopping gracefully", self.worker_id, by)
+            self.stop()
+            return
+        n = command.get("n")
+        if op == "concurrency" and isinstance(n, int) and not isinstance(n, bool):
+            limit = max(1, min(n, self.concurrency))
+            if self.autoscaler is not None:
+                logger.warning("worker %s: concurrency %s asked by %s ignored: autoscaled",
+                               self.worker_id, n, by)  # fmt: skip
+                return
+            with self._cond:
+                self._free += limit - self._limit
+                self._limit = limit
+                self._cond.notify_all()
+            logger.warning("worker %s: concurrency set to %d by %s", self.worker_id, limit, by)
+            self._register()  # the admin shows the new figure now, not at the next beat
+            return
+        logger.warning("worker %s: unknown command %r dropped", self.worker_id, command)
 
     def _register(self) -> None:
         info = {
@@ -860,6 +890,7 @@ class Worker(ServingLoop):
             "pid": os.getpid(),
             "queues": self.queues,
             "concurrency": self._limit,
+            "pool_size": self.concurrency,  # what the admin's Set concurrency may go up to
             "pool": self.pool,
             **({"autoscale": self.autoscaler.last} if self.autoscaler else {}),
             "in_flight": len(self._inflight),

@@ -66,6 +66,8 @@ OPERATIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "register_worker": (),
         "deregister_worker": (),
         "list_workers": (),
+        "send_worker_command": (),
+        "take_worker_command": (),
         "broadcasts": (),
     },
     "retention": {

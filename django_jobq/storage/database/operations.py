@@ -386,6 +386,25 @@ class Operations(ClaimAck):
             for w in rows
         ]
 
+    def send_worker_command(self, worker_id: str, command: dict) -> None:
+        with self._atomic():
+            self._write_lock()
+            self.WorkerInfo.objects.using(self.using).filter(worker_id=worker_id).update(
+                command=command
+            )
+
+    def take_worker_command(self, worker_id: str) -> dict | None:
+        """A read first, then a write only when there is something to take: every heartbeat
+        asks, and on SQLite a write would take the database's lock each time."""
+        rows = self.WorkerInfo.objects.using(self.using).filter(worker_id=worker_id)
+        if not rows.filter(command__isnull=False).exists():
+            return None
+        with self._atomic():
+            self._write_lock()
+            row = rows.select_for_update().values_list("command", flat=True).first()
+            rows.update(command=None)
+        return row if isinstance(row, dict) else None
+
     def broadcasts(self) -> Any:
         from .broadcast import DatabaseBroadcasts  # its models load with the app
 

@@ -166,6 +166,7 @@ class MemoryCore(Storage):
         self._queues: dict[str, _Queue] = {}
         self._events_gone: dict[str, tuple[int, int]] = {}  # of obliterated queues
         self._workers: dict[str, tuple[WorkerRecord, int]] = {}  # id -> (record, expires at)
+        self._worker_commands: dict[str, dict] = {}  # id -> a command not taken yet
         self._event_seq = itertools.count(1)
         self._versions = itertools.count(1)
         self._last_token = 0  # the last fencing token handed out (see _lease)

@@ -269,6 +269,14 @@ class Operations(ClaimAck):
             now = self._now()
             return [rec for rec, expires in self._workers.values() if expires > now]
 
+    def send_worker_command(self, worker_id: str, command: dict) -> None:
+        with self._cond:
+            self._worker_commands[worker_id] = dict(command)
+
+    def take_worker_command(self, worker_id: str) -> dict | None:
+        with self._cond:
+            return self._worker_commands.pop(worker_id, None)
+
     def broadcasts(self) -> MemoryBroadcasts:
         if self._broadcasts is None:  # one per storage: its broadcasts live in this process
             self._broadcasts = MemoryBroadcasts(clock=self.clock)

@@ -186,6 +186,10 @@ class GlobalKeys:
         return "{" + self.prefix + "}:worker:" + worker_id
 
     @property
+    def worker_commands(self) -> str:  # HASH worker id -> JSON command not taken yet
+        return "{" + self.prefix + "}:worker-commands"
+
+    @property
     def mirror_gaps(self) -> str:  # HASH queue -> JSON of the mirror's latest gap (a resync)
         return "{" + self.prefix + "}:mirror:gaps"
 

@@ -1613,6 +1613,20 @@ class RedisStorage(Storage):
         pipe.zrem(g.workers, worker_id)
         pipe.execute()
 
+    def send_worker_command(self, worker_id: str, command: dict) -> None:
+        self.client.hset(self.global_keys.worker_commands, worker_id, json.dumps(command))
+
+    def take_worker_command(self, worker_id: str) -> dict | None:
+        pipe = self.client.pipeline(transaction=True)  # one key: atomic on a cluster too
+        pipe.hget(self.global_keys.worker_commands, worker_id)
+        pipe.hdel(self.global_keys.worker_commands, worker_id)
+        raw, _ = pipe.execute()
+        try:
+            command = json.loads(raw) if raw else None
+        except ValueError:  # written by hand: not a command
+            return None
+        return command if isinstance(command, dict) else None
+
     def list_workers(self) -> list[WorkerRecord]:
         g = self.global_keys
         ids = [_s(x) for x in self.client.zrangebyscore(g.workers, self._now(), "+inf")]
