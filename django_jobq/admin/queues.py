@@ -200,10 +200,7 @@ class QueueAdmin(admin.ModelAdmin):
         workers, workers_error = live_workers()
         names = queue_names()
         counted = row_counts(names)
-        rows = [
-            queue_row(n, finished.get(n, NONE), workers, now, _one(counted, n))
-            for n in names
-        ]
+        rows = [queue_row(n, finished.get(n, NONE), workers, now, _one(counted, n)) for n in names]
         context = {
             **self._context(request, "Queues"),
             "rows": rows,
