@@ -321,3 +321,12 @@ def test_any_text_put_in_a_payload_or_error_is_found_by_searching_it(alias, wher
         assert [j.job_id for j in page.context["cl"].result_list] == ["hit"]
 
     finds()
+
+
+def test_the_payload_index_command_says_it_is_for_postgresql_only():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="PostgreSQL"):
+        call_command("jobq_search_index", database="default", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no database"):
+        call_command("jobq_search_index", database="nowhere", stdout=io.StringIO())
