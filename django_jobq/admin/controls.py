@@ -9,7 +9,7 @@ written to the admin's history (``LogEntry`` on the queue, by name: with Redis t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import messages
@@ -43,7 +43,7 @@ MAX_INT = 2**31 - 1  # what the database backend's columns hold
 def audit(request: HttpRequest, name: str, message: str) -> None:
     """Who changed which queue, in the admin's history."""
     LogEntry.objects.create(
-        user_id=request.user.pk,
+        user_id=cast(Any, request.user.pk),  # logged in: admin_view
         content_type=ContentType.objects.get_for_model(QueueConfig),
         object_id=name,
         object_repr=f"queue {name}"[:200],
@@ -74,7 +74,7 @@ class SettingsForm(forms.Form):
             )  # fmt: skip
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         for rate, window in (("rate_max", "rate_window"), ("group_rate_max", "group_rate_window")):
             if (data.get(rate) is None) != (data.get(window) is None):
                 raise forms.ValidationError(

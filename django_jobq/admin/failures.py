@@ -103,14 +103,15 @@ def _error_of(etype: Any, emsg: Any) -> tuple[str, str]:
     return kind[:200], normalise("" if emsg is None else str(emsg))
 
 
-def dead_rows(physical: list[str]) -> QuerySet[Job]:
+def dead_rows(physical: list[str]) -> QuerySet[Any]:
     """Dead-letter rows of these queues with only the error's type and the start of its
     message (``KT``: ``->>`` on PostgreSQL, ``json_extract`` on SQLite), newest first."""
-    return (
+    rows: QuerySet[Any] = (  # Any: the stubs know no annotated names (etype, emsg)
         Job.objects.using(jobs_alias())
         .filter(queue__in=physical, state=JobState.FAILED)
         .annotate(etype=KT("error__type"), emsg=Substr(KT("error__message"), 1, MESSAGE_READ))
     )
+    return rows
 
 
 @dataclass

@@ -228,8 +228,7 @@ class QueueAdmin(admin.ModelAdmin):
             raise Http404(f"No queue {name!r}.")
         now = timezone.now()
         folded = rollup.fold(jobs_alias(), now)
-        finished = rollup.finished_since(jobs_alias(), now - HOUR, folded.until)
-        finished = finished.get(name, NONE)
+        finished = rollup.finished_since(jobs_alias(), now - HOUR, folded.until).get(name, NONE)
         workers, workers_error = live_workers()
         context = {
             **self._context(request, f"Queue {name}"),

@@ -10,7 +10,7 @@ killed without deregistering, database backend) are shown as gone until they are
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -177,7 +177,7 @@ class WorkerAdmin(admin.ModelAdmin):
             return back
         get_storage().send_worker_command(worker_id, {**command, "by": request.user.get_username()})
         LogEntry.objects.create(
-            user_id=request.user.pk,
+            user_id=cast(Any, request.user.pk),  # logged in: admin_view
             content_type=ContentType.objects.get_for_model(WorkerInfo),
             object_id=worker_id[:200],
             object_repr=f"worker {worker_id}"[:200],

@@ -328,15 +328,15 @@ def finished_since(
         )
         .order_by()
     )
-    for row in tail:
-        slot = out[logical_name(row["queue"])]
-        if row["state"] == JobState.COMPLETED.value:
-            slot.completed += row["n"]
+    for tail_row in tail:
+        slot = out[logical_name(tail_row["queue"])]
+        if tail_row["state"] == JobState.COMPLETED.value:
+            slot.completed += tail_row["n"]
         else:
-            slot.failed += row["n"]
-        slot.timed += row["timed"]
-        slot.wait_ms += _ms(row["wait"])
-        slot.run_ms += _ms(row["run"])
+            slot.failed += tail_row["n"]
+        slot.timed += tail_row["timed"]
+        slot.wait_ms += _ms(tail_row["wait"])
+        slot.run_ms += _ms(tail_row["run"])
     return dict(out)
 
 

@@ -174,7 +174,7 @@ class JobForm(forms.Form):
         return None if when is None else bounded_time(when)
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         queue = data.get("queue")
         if self.errors or queue is None:
             return data

@@ -6,7 +6,7 @@ anything, and writes the admin's history (LogEntry); every change goes through t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import messages
 from django.contrib.admin.models import ADDITION, LogEntry
@@ -157,7 +157,7 @@ def reschedule_view(admin: Any, request: HttpRequest, job: Job) -> HttpResponse:
         return HttpResponseRedirect(_page(job))
     form = RescheduleForm(request.POST)
     if not form.is_valid():
-        errors = "; ".join(e for field in form.errors.values() for e in field)
+        errors = "; ".join(str(e) for field in form.errors.values() for e in field)
         admin.message_user(request, f"Not rescheduled: {errors}", messages.ERROR)
         return HttpResponseRedirect(_page(job))
     when = form.cleaned_data["run_at"]
@@ -248,7 +248,7 @@ def audit_new(request: HttpRequest, queue: str, job_id: str, message: str) -> No
     backend), else by name (with Redis the mirror writes the row a moment later)."""
     row = _row(queue, job_id)
     LogEntry.objects.create(
-        user_id=request.user.pk,
+        user_id=cast(Any, request.user.pk),  # logged in: admin_view
         content_type=ContentType.objects.get_for_model(Job),
         object_id=str(row.pk) if row is not None else None,
         object_repr=f"{queue}/{job_id}"[:200],
