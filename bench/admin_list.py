@@ -422,7 +422,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     fill(args.rows, args.fresh)
     if args.db == "postgres":  # payload search over every job: the operator's opt-in index
-        call_command("jobq_search_index", verbosity=0)
+        call_command("jobq_search_index", verbosity=0, stdout=sys.stderr)  # stdout: the JSON
     from django_jobq.backend import get_storage
 
     for name in QUEUES:  # what enqueue does on first use; the raw INSERT did not
