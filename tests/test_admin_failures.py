@@ -142,7 +142,7 @@ def test_failures_are_grouped_by_type_and_message_with_counts_first_last_queues_
     assert found[("ValueError", "bad input")].count == 1
     assert list(found)[0][0] == "TimeoutError"  # biggest group first
     html = page.content.decode()
-    sample = Job.objects.using(jobs_alias()).get(queue=OTHER, job_id="t-other")
+    sample = Job.objects.using(jobs_alias()).get(job_id=timeout.sample_id)
     assert reverse("admin:django_jobq_job_change", args=[sample.pk]) in html
     assert "All 5 dead letters" in html and "Grouped the newest" not in html
 
