@@ -3,7 +3,6 @@ relatives, and the actions this user may take on it now."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import math
 from typing import Any
@@ -13,10 +12,11 @@ from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from ..job import decode_error, ms_to_datetime
+from ..job import ms_to_datetime
 from ..models import Job, Schedule
 from ..serde import unwrap
 from ..states import JobState
+from ..storage.database.events import detail_data
 from . import byhand
 from .actions import ACTIONS
 from .common import (
@@ -156,28 +156,13 @@ def attempt_errors(job: Job) -> dict[str, Any]:
 
 
 def _attempt_row(job: Job, event: Any, number: int, started: Any, round_: int) -> dict[str, Any]:
-    error, omitted = _event_error(event.detail)
+    error, omitted = detail_data(event.kind, event.detail)  # the events' own decoding
     ran = None
     if started is not None and event.at >= started:
         ran = duration((event.at - started).total_seconds() * 1000)
     return {"attempt": number, "round": round_, "at": event.at, "kind": event.kind,
             "worker": event.worker, "ran": ran, "error": error, "omitted": omitted,
             "traceback": error_traceback(error)}  # fmt: skip
-
-
-def _event_error(detail: Any) -> tuple[dict[str, Any] | None, bool]:
-    """(the error, whether it was left out for its size) of an event row's ``detail``."""
-    if not isinstance(detail, dict):
-        return None, False
-    if detail.get("omitted"):
-        return None, True
-    raw = detail.get("raw")
-    if not isinstance(raw, str):
-        return None, False
-    try:
-        return decode_error(base64.b64decode(raw, validate=True)), False
-    except ValueError:
-        return None, False
 
 
 def _fill_newest(job: Job, rows: list[dict[str, Any]]) -> bool:
