@@ -84,9 +84,18 @@ def reset() -> None:
     """Empty the backend's tables (only this benchmark's database is touched)."""
     from django.db import connection
 
-    from django_jobq.models import ClaimLog, DedupKey, Job, JobEvent, QueueConfig, WorkerInfo
+    from django_jobq.models import (
+        ClaimLog,
+        DedupKey,
+        Job,
+        JobEvent,
+        QueueConfig,
+        StateCount,
+        WorkerInfo,
+    )
 
-    tables = [m._meta.db_table for m in (JobEvent, DedupKey, ClaimLog, Job, WorkerInfo)]
+    models = (JobEvent, DedupKey, ClaimLog, Job, WorkerInfo, StateCount)  # the counts last
+    tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("TRUNCATE " + ", ".join(tables))

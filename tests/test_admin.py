@@ -168,21 +168,23 @@ def test_queue_page_polls_its_row_and_charts_in_place_instead_of_reloading(admin
     assert "Last 30 days" not in html["jobq-queue-live"]  # drawn once, with the page
 
 
-def test_database_counts_stop_at_the_cap_and_say_so(admin_client, settings, monkeypatch):
-    """On the database backend the overview counts each (queue, state) up to the list's cap,
-    so a view costs the same on a million rows; a count at the cap reads "N+"."""
-    from django_jobq.admin import queues
-
+def test_database_counts_are_exact_past_the_old_cap_and_equal_the_apis(admin_client, settings):
+    """On the database backend the overview reads the triggers' counts (``StateCount``): exact
+    past 10,000 (where the capped count said "10000+"), cancelled and dead ones included, and
+    the same numbers as ``Queue.counts()``, which the API's ``counts`` are."""
     settings.JOBQ = {**settings.JOBQ, "BACKEND": "database", "DATABASE_ALIAS": "default"}
-    monkeypatch.setattr(queues, "COUNT_CAP", 3)
-    Queue(Q).enqueue_many([(f"c{i}", i) for i in range(5)])
-    Queue(Q).enqueue("later", 1, delay=60_000)
+    queue = Queue(Q)
+    queue.enqueue_many([(f"c{i}", i) for i in range(10_050)])
+    queue.enqueue("later", 1, delay=60_000)
+    assert queue.cancel("c0") is not None and queue.cancel("c1") is not None
     page = admin_client.get(reverse("admin:django_jobq_queueconfig_changelist"))
     row = next(r for r in page.context["rows"] if r["name"] == Q)
-    assert str(row["counts"]["queued"]) == "3+" and row["counts"]["queued"] == 3
-    assert row["counts"]["scheduled"] == 1 and str(row["counts"]["scheduled"]) == "1"
-    assert '<td class="num">3+</td>' in page.content.decode()
-    assert row["oldest_age"] is not None  # "3+" queued still has an oldest waiting job
+    api = {state.value: n for state, n in queue.counts().items()}
+    assert row["counts"] == {state: api[state] for state in row["counts"]}
+    assert (row["counts"]["queued"], row["counts"]["scheduled"]) == (10_048, 1)
+    assert row["counts"]["cancelled"] == 2
+    assert '<td class="num">10,048</td>' in page.content.decode()
+    assert row["oldest_age"] is not None
 
 
 def test_pause_needs_post_and_the_change_permission(client, jobq):

@@ -14,7 +14,6 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import connections
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -28,6 +27,7 @@ from ..job import ms_to_datetime
 from ..mirror import rollup
 from ..models import Job
 from ..states import JobState
+from ..storage.database.operations import state_counts
 from ..validation import logical_name
 from . import controls, deadletters
 from .charts import history_charts, queue_charts
@@ -45,7 +45,6 @@ from .common import (
     queue_names,
     rows_of,
 )
-from .listing import COUNT_CAP
 from .workers import live_workers
 
 #: Polling periods the queue pages accept (seconds); anything else means the default.
@@ -70,45 +69,20 @@ COUNTED = (
 )  # fmt: skip
 
 
-class AtLeast(int):
-    """A count that stopped at its cap: shown as ``10000+``, compared as the cap."""
-
-    def __str__(self) -> str:
-        return f"{int(self)}+"
-
-
 def row_counts(names: list[str]) -> dict[str, dict[str, int]] | None:
-    """With the database backend the rows are the state: one query that counts each
-    (queue, state) shown through the (queue, state, …) index, each stopping at
-    ``COUNT_CAP`` (then ``AtLeast``: "10000+"), as the job list does. An exact grouped count
-    cost an index scan of every waiting and dead row (200,000 of a million-row table, 100 ms
-    and more on every view and poll); capped, the cost is bounded by the number of queues,
-    not by the table. None: ask the storage (Redis, where counts are a few ZCARDs)."""
+    """With the database backend: each queue's rows per state, exact, from the triggers'
+    counts (``StateCount``) in one read for every queue shown, a sharded queue's partitions
+    summed. ``COUNT(*)`` visited every row of a state (100 ms and more per view on a
+    million rows), so the overview stopped at 10,000 ("10000+") before. None: ask the
+    storage (Redis, where counts are a few ZCARDs)."""
     if has_mirror():
         return None
-    states = [state.value for state in (*COUNTED, JobState.FAILED)]
     out: dict[str, dict[str, int]] = {name: {} for name in names}
     physical = {p: name for name in names for p in rows_of(name)}  # partitions: their queue
-    pairs = [(part, state) for part in physical for state in states]
-    if not pairs:
-        return out
-    connection = connections[jobs_alias()]
-    table = connection.ops.quote_name(Job._meta.db_table)
-    one = (  # the table is the model's own name, quoted; every value is a parameter
-        f"SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE queue = %s "  # noqa: S608
-        "AND state = %s LIMIT %s) AS capped)"
-    )
-    params: list[Any] = []
-    for name, state in pairs:
-        params += [name, state, name, state, COUNT_CAP + 1]
-    with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join([one] * len(pairs)), params)
-        for part, state, n in cursor.fetchall():  # a sharded queue: its partitions summed
-            counted = out[physical[part]]
-            counted[state] = counted.get(state, 0) + n
-    for counted in out.values():
-        for state, n in counted.items():
-            counted[state] = AtLeast(COUNT_CAP) if n > COUNT_CAP else n
+    for part, states in state_counts(jobs_alias(), list(physical)).items():
+        counted = out[physical[part]]
+        for state, n in states.items():
+            counted[state.value] = counted.get(state.value, 0) + n
     return out
 
 
@@ -266,8 +240,8 @@ class QueueAdmin(admin.ModelAdmin):
             level = messages.WARNING if summary.error else messages.SUCCESS
             self.message_user(request, summary.text, level)
         try:
-            # The database backend: the overview's capped count ("10000+"); an exact count
-            # of a big dead-letter list visits every row (150 ms at 20,000 on PostgreSQL).
+            # The database backend: the overview's count (the triggers'); counting the
+            # dead-letter list itself visits every row (150 ms at 20,000 on PostgreSQL).
             counted = row_counts([name])
             dead: int | None = (
                 queue_for(name).count_dead() if counted is None

@@ -18,6 +18,7 @@ from .jobs import (
     JobQuerySet,
     JournalEntry,
     QueueConfig,
+    StateCount,
     WorkerInfo,
 )
 from .mirror import JobMinute, MirrorReject, RollupMark

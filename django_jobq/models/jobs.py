@@ -218,6 +218,32 @@ class JobEvent(models.Model):
         return f"{self.job_id} {self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
+class StateCount(models.Model):
+    """How many job rows each (queue, state) holds (database backend), kept by triggers on
+    the job table (migration 0031) in the writing transaction, so a count is a read of a few
+    rows where ``COUNT(*)`` visited every row of the state (200,000 waiting and dead rows of a
+    million-row table: 100 ms and more per overview). Triggers, not code beside each
+    transition: every write of a job row counts, the ORM's, raw SQL's, the mirror's.
+
+    ``slot``: on PostgreSQL the writing backend's process id, so concurrent writers add to
+    rows of their own and never wait on each other's (nor deadlock); the reaper folds the
+    slots of backends gone into slot 0 (``DatabaseStorage.fold_counts``). SQLite has one
+    writer at a time: slot 0 only. A count is the sum of its slots."""
+
+    queue = models.CharField(max_length=64)
+    state = models.CharField(max_length=16)
+    slot = models.IntegerField(default=0)
+    n = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "state", "slot"], name="jobq_statecount_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.state}: {self.n} (slot {self.slot})"
+
+
 class EventFloor(models.Model):
     """Per queue (database backend), the newest event id deleted so far, with its job
     (retention, expiry, purge, obliterate): a feed reader positioned before it may have lost

@@ -1,5 +1,5 @@
 """Number formatting for the admin's tables: thousands separators on every count ("24,388"
-reads at a glance, "24388" does not), a capped count kept as "10,000+", and rates with their
+reads at a glance, "24388" does not), and rates with their
 unit. Plain filters rather than ``django.contrib.humanize``, which a project may not install."""
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ register = template.Library()
 
 @register.filter
 def count(value: Any) -> str:
-    """``12345`` → ``12,345``; a count that stopped at its cap (``AtLeast``) → ``10,000+``;
-    None → an em dash (unknown, e.g. the storage unreachable)."""
+    """``12345`` → ``12,345``; None → an em dash (unknown, e.g. the storage unreachable)."""
     if value is None or value == "":
         return "—"
     try:
         number = int(value)
     except (TypeError, ValueError):
         return str(value)
-    capped = str(value).endswith("+")
-    return f"{number:,}{'+' if capped else ''}"
+    return f"{number:,}"
 
 
 @register.filter

@@ -46,7 +46,8 @@ and these invariants must hold:
   was re-created;
 * a job id never gets a token it had before, across re-creation too (fencing);
 * at most one lease of a job is held at any time;
-* per-state counts (blocked successors too) equal the records; retention removes only records
+* per-state counts (blocked successors too) equal the records (on the database backends the
+  triggers' counts also equal a count of the rows); retention removes only records
   past the policy (each with a ``removed`` event on Redis and memory), and after a reaper pass
   none that finished under it is left past it.
 
@@ -564,6 +565,12 @@ class StorageMachine(RuleBasedStateMachine):
             records = sum(1 for r in states if r is not None and r.state is state)
             assert counts[state] >= records, f"{state} count below the records"
         assert self.storage.count_dead(self.q) == len(self.model.dead()), "dead letters"
+        if isinstance(self.storage, DatabaseStorage):  # the triggers' counts are the rows'
+            rows = self.storage._jobs().filter(queue=self.q).values_list("state", flat=True)
+            held = {state: 0 for state in counts}
+            for state in rows:
+                held[JobState(state)] += 1
+            assert counts == held, "StateCount against the rows"
 
     @invariant()
     def one_lease_per_job(self) -> None:

@@ -174,7 +174,16 @@ class DatabaseCore(Storage):
         prepare: bool | str | None = "auto",
         handler_names: Callable[[str], str] | None = None,
     ) -> None:
-        from ...models import ClaimLog, DedupKey, EventFloor, Job, JobEvent, QueueConfig, WorkerInfo
+        from ...models import (
+            ClaimLog,
+            DedupKey,
+            EventFloor,
+            Job,
+            JobEvent,
+            QueueConfig,
+            StateCount,
+            WorkerInfo,
+        )
         from ...models import FailureCall as FailureCallRow
 
         prepare = "auto" if prepare is None else prepare  # None: the default
@@ -194,7 +203,7 @@ class DatabaseCore(Storage):
         )  # fmt: skip
         self.DedupKey, self.ClaimLog = DedupKey, ClaimLog
         self.FailureCallRow = FailureCallRow
-        self.EventFloor = EventFloor
+        self.EventFloor, self.StateCount = EventFloor, StateCount
         self._wal_checked = False
 
     @property

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Count
+from django.db import connections, transaction
+from django.db.models import Sum
 
 from ...errors import QueueBusy
 from ...job import (
@@ -33,6 +34,40 @@ from .core import (
     _ms,
     _ms_or_none,
 )
+
+
+def state_counts(using: str, queues: Sequence[str]) -> dict[str, dict[JobState, int]]:
+    """Rows per state of each queue named (states with none left out), in one read of the
+    triggers' counts: the storage's ``counts`` and the admin's overview alike."""
+    from ...models import StateCount
+
+    rows = (
+        StateCount.objects.using(using).filter(queue__in=list(queues))
+        .values_list("queue", "state").annotate(total=Sum("n")).order_by()
+    )  # fmt: skip
+    out: dict[str, dict[JobState, int]] = {}
+    for queue, state, total in rows:
+        if total and state in JobState.values:
+            out.setdefault(queue, {})[JobState(state)] = int(total)
+    return out
+
+
+def recount(using: str) -> None:
+    """Count every (queue, state) of the job rows again into ``StateCount`` (SQLite: its one
+    writer at a time makes the count and the replacement one consistent step). Nothing when
+    the tables are not there (migrated back, or not yet)."""
+    from ...models import Job, StateCount
+
+    connection = connections[using]
+    if StateCount._meta.db_table not in connection.introspection.table_names():
+        return
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        counts, jobs = (connection.ops.quote_name(m._meta.db_table) for m in (StateCount, Job))
+        cursor.execute(f"DELETE FROM {counts}")  # noqa: S608 - the models' own tables
+        cursor.execute(
+            f"INSERT INTO {counts} (queue, state, slot, n) "  # noqa: S608
+            f"SELECT queue, state, 0, COUNT(*) FROM {jobs} GROUP BY queue, state"
+        )
 
 
 class Operations(ClaimAck):
@@ -207,16 +242,38 @@ class Operations(ClaimAck):
         )
 
     def counts(self, queue: str) -> dict[JobState, int]:
+        """The triggers' counts (``StateCount``): a few rows read, however many jobs."""
         out = dict.fromkeys(
             (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING,
              JobState.BLOCKED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED), 0
         )  # fmt: skip
-        rows = self._jobs().filter(queue=queue).order_by().values("state").annotate(n=Count("id"))
-        for row in rows:
-            state = JobState(row["state"])
+        for state, n in self.state_counts([queue]).get(queue, {}).items():
             if state in out:
-                out[state] = row["n"]
+                out[state] = n
         return out
+
+    def state_counts(self, queues: Sequence[str]) -> dict[str, dict[JobState, int]]:
+        return state_counts(self.using, queues)
+
+    def fold_counts(self, queue: str) -> None:
+        """PostgreSQL: move the counts of backends that are gone into slot 0 (their slots would
+        pile up, one set per connection ever made). A row still locked by a writer is left for
+        the next pass (``SKIP LOCKED``), so folding never waits on a transition; a backend
+        that took a folded slot's process id anew adds to a fresh row."""
+        if self.vendor != "postgresql":
+            return
+        table = self._quoted(self.StateCount)
+        self._sql(
+            f"WITH gone AS (DELETE FROM {table} WHERE id IN ("  # noqa: S608 - the model's table
+            f"SELECT id FROM {table} WHERE queue = %s AND slot <> 0 "
+            "AND slot NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) "
+            "FOR UPDATE SKIP LOCKED) RETURNING state, n) "
+            f"INSERT INTO {table} AS c (queue, state, slot, n) "
+            "SELECT %s, state, 0, SUM(n) FROM gone GROUP BY state ORDER BY state "
+            "ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + EXCLUDED.n",
+            [queue, queue],
+            fetch=False,
+        )
 
     def oldest_queued(self, queue: str) -> int | None:
         """The oldest queued row by creation (index ``jobq_job_q_state_created``)."""

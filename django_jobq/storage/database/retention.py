@@ -51,6 +51,7 @@ class Retaining(Operations):
     def reap(self, queue: str, limit: int = 1000) -> ReapReport:
         report = super().reap(queue, limit)
         report.removed = self.retain(queue, limit)
+        self.fold_counts(queue)
         return report
 
     def retain(self, queue: str, limit: int = 1000) -> int:
