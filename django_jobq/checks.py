@@ -144,3 +144,38 @@ def connection_budget_check(app_configs, databases=None, **kwargs):
         )
         for problem in connection_budget(concurrency, aliases=databases or ())
     ]
+
+
+@checks.register()
+def atomic_handlers_check(app_configs, **kwargs):
+    """``atomic=True`` writes a job's completion in its handler's transaction, so it needs the
+    database backend, and the handler's writes on the queue's database: refused here rather
+    than at the first job (docs/reliability.md, "Exactly-once database effects")."""
+    from .conf import jobq_settings
+    from .tasks.registry import registry
+
+    try:
+        conf = jobq_settings()
+    except Exception:  # a bad JOBQ setting is reported by jobq_settings_check
+        return []
+    alias = conf["DATABASE_ALIAS"]
+    errors = []
+    for queue, writers in sorted(registry.atomic_writers().items()):
+        for what, atomic in writers:
+            if conf["BACKEND"] != "database":
+                problem = (
+                    f"{what} (queue {queue!r}) has atomic=True, which needs "
+                    f"JOBQ['BACKEND'] = 'database'; it is {conf['BACKEND']!r}"
+                )
+            elif isinstance(atomic, str) and atomic != alias:
+                problem = (
+                    f"{what} (queue {queue!r}) writes to database {atomic!r}, but its jobs are"
+                    f" stored in {alias!r} (JOBQ['DATABASE_ALIAS']): the writes and the"
+                    " completion cannot commit together"
+                )
+            else:
+                continue
+            errors.append(
+                checks.Error(problem, hint="See docs/reliability.md.", id="django_jobq.E003")
+            )
+    return errors

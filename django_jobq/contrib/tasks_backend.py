@@ -3,7 +3,8 @@
     TASKS = {"default": {
         "BACKEND": "django_jobq.contrib.tasks_backend.JobQBackend",
         "QUEUES": ["default", "emails"],
-        "OPTIONS": {"JOB_OPTIONS": {"max_attempts": 5}},   # optional
+        "OPTIONS": {"JOB_OPTIONS": {"max_attempts": 5},    # optional
+                    "ATOMIC": True},    # optional: each task's writes commit with its job
     }}
 
 Why: a project written against ``django.tasks`` (``@task`` … ``.enqueue()``) gets our leases,
@@ -76,8 +77,12 @@ class JobQBackend(BaseTaskBackend):
         self._storage = import_string(storage)() if isinstance(storage, str) else storage
         self.job_options: dict[str, Any] = dict(self.options.get("JOB_OPTIONS", {}))
         self._queues: dict[str, Queue] = {}
+        # ATOMIC: every task of these queues runs as an ``atomic=True`` handler (its database
+        # writes and its job's completion in one transaction; plain ``def`` tasks: an async
+        # task's ORM calls run on other threads, outside it).
+        atomic = self.options.get("ATOMIC", False)
         for name in self.queues:
-            registry.register(name, run_task)  # a project handler on the queue: refused
+            registry.register(name, run_task, atomic=atomic)  # a project handler: refused
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 
 from .. import signals
 from ..backend import get_storage, in_test_mode
@@ -437,8 +437,10 @@ class Queue:
         no longer pick up a job for a row that is not committed yet, or never will be. The
         job is validated now, so bad input fails inside the transaction. What this cannot
         give is atomicity: if Redis is unreachable at commit time the rows stay committed and
-        the enqueue raises. Only the database backend enqueues *inside* the transaction,
-        and a queue in journal mode journals inside it (then this is ``enqueue``).
+        the enqueue raises. The database backend enqueues *inside* the transaction when it
+        is one on its own database (then this is ``enqueue``: the job is rolled back with it,
+        and an ``atomic=True`` handler's follow-up jobs exist exactly when it completed), and
+        a queue in journal mode journals inside it.
         """
         if tracing.active():
             # The send span is made now, inside the caller's span (a request's), and ends at
@@ -458,6 +460,14 @@ class Queue:
                     f"journal mode writes on JOBQ['JOURNAL']['DATABASE_ALIAS'], not {using!r}"
                 )
             self._journal([job])
+            return job.job_id
+        if self.storage.supports_transactional_enqueue and (using or DEFAULT_DB_ALIAS) == getattr(
+            self.storage, "using", None
+        ):
+            self._register()
+            stored = self.storage.enqueue(self.name, job)
+            if signals.job_enqueued.receivers:
+                signals.enqueued(Queue, self.name, [stored])
             return job.job_id
 
         def send() -> None:

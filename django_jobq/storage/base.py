@@ -78,6 +78,9 @@ class Ack:
     retry_in: int | None = None  # fail / postpone: ms from now (storage clock) to the next run
     permanent: bool = False  # fail only: no further attempts
     queue_wide: bool = False  # postpone only: the whole queue waits too
+    # Already written, with this outcome: an atomic handler's completion, committed in the
+    # handler's own transaction (``worker/execution.py``). The worker sends it nowhere.
+    settled: AckOutcome | None = None
 
 
 @dataclass(slots=True)
@@ -178,7 +181,9 @@ class Storage(abc.ABC):
     supports_blocking_wait: bool = True
     #: Several processes can share this storage (false for the in-memory backend).
     supports_multiprocess: bool = True
-    #: enqueue joins the caller's database transaction (database backend only).
+    #: Writes join the caller's Django transaction on the storage's ``using`` alias (the
+    #: database backend only): an enqueue is rolled back with it, ``enqueue_on_commit``
+    #: enqueues at once, an ``atomic=True`` handler's completion commits with its writes.
     supports_transactional_enqueue: bool = False
     #: durability="journal" applies (a second copy in the database is worth keeping): Redis.
     supports_journal: bool = False

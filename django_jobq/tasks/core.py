@@ -36,7 +36,7 @@ from ..validation import (
     validate_seconds,
 )
 from .policy import RetryPolicy, backoff_from, exception_classes
-from .registry import HandlerRegistry, registry, route
+from .registry import HandlerRegistry, check_atomic, registry, route
 
 ARGS, KWARGS = "args", "kwargs"
 # Dotted Python names, plus ":" and "-" for names a project picks itself ("emails:welcome").
@@ -72,6 +72,7 @@ class Task:
         queue: str,
         policy: RetryPolicy,
         job_options: dict[str, Any],
+        atomic: bool | str = False,
     ) -> None:
         self.func = func
         self.name = validate_task_name(name)
@@ -85,6 +86,8 @@ class Task:
                 f"task {self.name!r}: parameter(s) {clash} are reserved by enqueue(); rename them"
             )
         self._options = job_options
+        check_atomic(f"task {self.name!r}", func, atomic)
+        self.atomic = atomic  # run in a transaction with its completion (HandlerOptions)
         # Shared by every ``using()`` copy: a failure handler set on any of them is the task's.
         self._failure: dict[str, Any] = {"func": None, "policy": None}
         self._queue_override: Any = None
@@ -391,6 +394,7 @@ def task(
     priority: int | None = None,
     result_ttl: int | None = None,
     on_failure: Callable[[Any, Any, dict[str, Any]], Any] | None = None,
+    atomic: bool | str = False,
     registry: HandlerRegistry = registry,
 ) -> Any:
     """Register a function as a task: a named job type on ``queue``.
@@ -400,7 +404,9 @@ def task(
     options of every call; ``timeout`` / ``hard_timeout`` (seconds) bound each run;
     ``retry_on`` / ``dont_retry_on`` / ``backoff`` are the retry policy (``RetryPolicy``,
     ``Backoff``). ``on_failure``: called once per job of this task that fails for good
-    (see ``Task.on_failure``, which also gives it a retry policy of its own). Use as
+    (see ``Task.on_failure``, which also gives it a retry policy of its own). ``atomic``:
+    each run's database writes commit together with its completion, or not at all
+    (``HandlerOptions.atomic``; the database backend). Use as
     ``@task`` or ``@task(queue="emails", ...)``.
     """
 
@@ -414,7 +420,10 @@ def task(
         )
         options = _job_options(max_attempts, priority, result_ttl, timeout, hard_timeout)
         qualname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
-        made = Task(fn, name=name or qualname, queue=queue, policy=policy, job_options=options)
+        made = Task(
+            fn, name=name or qualname, queue=queue, policy=policy, job_options=options,
+            atomic=atomic,
+        )  # fmt: skip
         if on_failure is not None:
             made.on_failure(on_failure)
         return registry.register_task(made)

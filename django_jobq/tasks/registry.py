@@ -8,6 +8,7 @@ feature above may ask which code runs a queue.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,11 @@ class HandlerOptions:
     # returns one result per job, in order; an exception instance in that list fails just
     # that job. Timeouts then apply to the whole batch.
     batch: int | None = None
+    # The handler runs inside ``transaction.atomic()`` on the queue's database, and the job's
+    # completion is written in that same transaction (``worker/execution.py``: exactly-once
+    # database effects, docs/reliability.md). A database alias instead of True says where the
+    # handler writes; ``manage.py check`` refuses one that is not the queue's database.
+    atomic: bool | str = False
 
 
 def _seconds(name: str, value: float | None) -> float | None:
@@ -75,13 +81,15 @@ class HandlerRegistry:
         failure_backoff: Any = None,
         failure_retry_on: Any = (),
         failure_dont_retry_on: Any = (),
+        atomic: bool | str = False,
     ) -> Handler:
         validate_queue_name(queue)
+        check_atomic(f"the handler of {queue!r}", func, atomic, batch)
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
                                   or not 1 <= batch <= 1000):  # fmt: skip
             raise ConfigurationError(f"batch must be an integer from 1 to 1000, got {batch!r}")
         options = HandlerOptions(
-            _seconds("timeout", timeout), _seconds("hard_timeout", hard_timeout), batch
+            _seconds("timeout", timeout), _seconds("hard_timeout", hard_timeout), batch, atomic
         )
         existing = self._handlers.get(queue)
         if existing is not None and _qualname(existing) != _qualname(func):
@@ -171,6 +179,24 @@ class HandlerRegistry:
         self._failure_handlers.pop(queue, None)
         self._failure_policies.pop(queue, None)
 
+    def atomic_queues(self, queues: list[str] | None = None) -> list[str]:
+        """Those of ``queues`` (every known queue when None) whose handler, or a task routed
+        to them, has ``atomic=True``: what ``manage.py check`` and a starting worker look at."""
+        found = self.atomic_writers()
+        wanted = self.queues() if queues is None else [logical_name(q) for q in queues]
+        return sorted(q for q in set(wanted) if q in found)
+
+    def atomic_writers(self) -> dict[str, list[tuple[str, bool | str]]]:
+        """Per queue, its atomic handler and tasks: (what, ``atomic`` as declared)."""
+        found: dict[str, list[tuple[str, bool | str]]] = {}
+        for queue, options in self._options.items():
+            if options.atomic:
+                found.setdefault(queue, []).append((f"the handler of {queue!r}", options.atomic))
+        for t in self._tasks.values():
+            if t.atomic:
+                found.setdefault(route(t.name, t.queue), []).append((f"task {t.name!r}", t.atomic))
+        return found
+
     def options(self, queue: str) -> HandlerOptions:
         return self._options.get(logical_name(queue)) or HandlerOptions()
 
@@ -220,6 +246,25 @@ class HandlerRegistry:
         if not self._tasks:
             return set()
         return {route(t.name, t.queue) for t in self._tasks.values()}
+
+
+def check_atomic(what: str, func: Callable, atomic: object, batch: int | None = None) -> None:
+    """``atomic=True`` needs a plain function run on a worker thread: Django's transactions
+    belong to a thread and refuse an event loop's, and a batch's jobs would share one
+    transaction (not supported yet)."""
+    if not isinstance(atomic, bool | str) or atomic == "":
+        raise ConfigurationError(
+            f"{what}: atomic must be True, False or a database alias, got {atomic!r}"
+        )
+    if not atomic:
+        return
+    if inspect.iscoroutinefunction(func):
+        raise ConfigurationError(
+            f"{what}: atomic=True needs a plain function (Django's transactions are not"
+            " available to async code)"
+        )
+    if batch:
+        raise ConfigurationError(f"{what}: atomic=True is not supported for batch handlers")
 
 
 def untagged_job(job: Job) -> Any:
@@ -275,19 +320,20 @@ def handler(
     hard_timeout: float | None = None,
     batch: int | None = None,
     on_failure: FailureHandler | None = None,
+    atomic: bool | str = False,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``queue``.
 
     The function receives a ``Job`` (id, payload, attempt, cancellation flag) and returns the
     job's result (JSON-serialisable by default); it may be ``async def``. ``timeout``,
-    ``hard_timeout`` (seconds) and ``batch``: see ``HandlerOptions``. ``on_failure``: the
-    queue's failure handler (see ``on_failure``).
+    ``hard_timeout`` (seconds), ``batch`` and ``atomic``: see ``HandlerOptions``.
+    ``on_failure``: the queue's failure handler (see ``on_failure``).
     """
 
     def decorator(func: Handler) -> Handler:
         return registry.register(
             queue, func, timeout=timeout, hard_timeout=hard_timeout, batch=batch,
-            on_failure=on_failure,
+            on_failure=on_failure, atomic=atomic,
         )  # fmt: skip
 
     return decorator

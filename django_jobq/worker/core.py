@@ -153,6 +153,8 @@ class Worker(ServingLoop):
             "thread": ThreadRunner, "process": ProcessRunner, "async": AsyncRunner,
         }  # fmt: skip
         self._runner = runners[pool](handlers)
+        if isinstance(self._runner, ThreadRunner):
+            self._runner.storage = self.storage
         self._failures = FailureCaller.configured(
             self.storage, handlers, self.queues, self.worker_id, conf,
             lease_ms=failure_lease, backoff=failure_backoff, poll=failure_poll,
@@ -203,6 +205,18 @@ class Worker(ServingLoop):
                 f"queue(s) {batched} have batch handlers, which run on the thread or process"
                 " pool, not the async pool"
             )
+        if atomic := self.handlers.atomic_queues(self.queues):
+            if self.pool != "thread":
+                raise ConfigurationError(
+                    f"queue(s) {atomic} have atomic=True handlers or tasks, which run on the"
+                    f" thread pool only (the handler's transaction and the job's completion"
+                    f" share the handler thread's connection), not the {self.pool} pool"
+                )
+            if not self.storage.supports_transactional_enqueue:
+                raise ConfigurationError(
+                    f"queue(s) {atomic} have atomic=True handlers or tasks, which need the"
+                    f" database backend; this worker's storage is {type(self.storage).__name__}"
+                )
         if hard and not self._runner.supports_hard_timeout:
             raise ConfigurationError(
                 f"queue(s) {hard} have a hard_timeout, which the {self.pool} pool cannot enforce"
@@ -629,7 +643,7 @@ class Worker(ServingLoop):
         entry.finished = True
         if self.autoscaler is not None:
             self.autoscaler.observe_run((time.monotonic() - entry.since) * 1000)
-        if entry.cancelled:
+        if entry.cancelled and ack.settled is None:
             body = error_body(JobCancelled("cancelled while running"), "JobCancelled")
             ack = Ack("cancel", claimed.job_id, claimed.token, body)
         # A quiet worker (this is its only job) sends the verdict itself: handing it to the
@@ -677,15 +691,17 @@ class Worker(ServingLoop):
 
     def _send_acks(self, name: str, acks: list[Ack]) -> None:
         failures = 0
+        unsent = [ack for ack in acks if ack.settled is None]  # not settled by an atomic run
         while True:
             try:
-                outcomes = self.storage.ack_many(name, acks)
+                sent = iter(self.storage.ack_many(name, unsent) if unsent else ())
+                outcomes = [ack.settled or next(sent) for ack in acks]
                 break
             except Exception as exc:  # keep the verdicts: the lease decides if they still count
                 failures += 1
                 if failures > 100:  # ~95 s of retries at RECONNECT_MAX
                     logger.error("giving up on %d verdicts for %s: %s", len(acks), name, exc)
-                    outcomes = [AckOutcome.LEASE_LOST] * len(acks)
+                    outcomes = [ack.settled or AckOutcome.LEASE_LOST for ack in acks]
                     break
                 logger.warning("acknowledging %d jobs failed (%s); retrying", len(acks), exc)
                 time.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))

@@ -7,6 +7,7 @@ are plain functions that tests call directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import inspect
 import json
@@ -20,13 +21,14 @@ from typing import Any
 
 from ..errors import (
     ChildFailed,
+    ConfigurationError,
     HardTimeout,
     PermanentError,
     RateLimited,
     RetryDecision,
     SerializationError,
 )
-from ..job import PARKED_MS, ChildOutcome, ClaimedJob, Job
+from ..job import PARKED_MS, AckOutcome, ChildOutcome, ClaimedJob, Job
 from ..serde import TASK_META, is_enveloped, serde_for, storable_text, unwrap
 from ..states import JobState
 from ..storage.base import Ack
@@ -100,6 +102,7 @@ class Prepared:
     job: Job
     serde: Any
     label: str
+    atomic: bool | str = False
 
 
 def prepare(
@@ -119,8 +122,11 @@ def prepare(
         return Ack("fail", claimed.job_id, claimed.token, error_body(exc, "MalformedPayload"),
                    permanent=True)  # fmt: skip
     task_name = meta.get(TASK_META) if meta else None
+    atomic: bool | str = False
     if task_name is not None:  # a task function's job: run by its name, not by its queue
         func = registry.task_runner(task_name)
+        found = registry.task(task_name) if func is not None else None
+        atomic = found.atomic if found is not None else False
         if func is None:
             unknown = LookupError(f"no task named {task_name!r} is registered in this worker")
             logger.error("%s %s", label, unknown)
@@ -128,6 +134,7 @@ def prepare(
                        permanent=True)  # fmt: skip
     else:
         func = registry.get(claimed.queue)
+        atomic = registry.options(claimed.queue).atomic
     if func is None:
         missing = LookupError(f"no handler registered for queue {claimed.queue!r}")
         logger.error("%s %s", label, missing)
@@ -144,7 +151,7 @@ def prepare(
         if held is not None:
             return held
     logger.debug("%s starting attempt %d/%d", label, claimed.attempt, claimed.max_attempts)
-    return Prepared(func, job, serde, label)
+    return Prepared(func, job, serde, label, atomic)
 
 
 def _flow_parent(claimed: ClaimedJob, flow: dict[str, Any], job: Job, label: str) -> Ack | None:
@@ -261,17 +268,21 @@ def execute(
     registry: HandlerRegistry,
     job: Job | None = None,
     rng: random.Random | None = None,
+    storage: Any = None,
 ) -> Ack:
     """Run the handler for ``claimed`` and return the verdict to send to storage.
 
     Never raises: a malformed payload, a missing handler or an unserialisable result fails the
     job permanently (retrying would not help); any other error retries with backoff. An
     ``async def`` handler runs to completion on a private event loop here (the async pool
-    runs them many at a time instead: ``execute_async``).
+    runs them many at a time instead: ``execute_async``). An atomic handler runs in a
+    transaction with its completion, written through ``storage`` (``execute_atomic``).
     """
     prepared = prepare(claimed, registry, job)
     if isinstance(prepared, Ack):
         return prepared
+    if prepared.atomic:
+        return execute_atomic(claimed, prepared, storage, rng)
     try:
         result = prepared.func(prepared.job)
         if inspect.isawaitable(result):
@@ -279,6 +290,61 @@ def execute(
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit must not kill a worker
         return error_verdict(claimed, exc, prepared.label, rng)
     return result_verdict(claimed, prepared, result)
+
+
+class _Undone(Exception):  # noqa: N818 - not an error: the verdict that rolls the run back
+    def __init__(self, ack: Ack) -> None:
+        super().__init__(ack.kind)
+        self.ack = ack
+
+
+def execute_atomic(
+    claimed: ClaimedJob, prepared: Prepared, storage: Any, rng: random.Random | None = None
+) -> Ack:
+    """Run an ``atomic=True`` handler inside ``transaction.atomic()`` on the database of its
+    queue's storage and write the job's completion in that same transaction: the handler's
+    writes and the completion commit together, or neither does. Why this gives exactly-once
+    effects: a worker killed before the commit leaves neither (the lease expires, the retry
+    runs on clean state), one killed after it leaves a completed job that is never run again.
+
+    The completion is fenced as any other: if the lease was reclaimed meanwhile (its token no
+    longer matches), storage refuses it and this run's writes roll back with it, so a stale
+    run never adds its effects beside the newer run's. A raised error rolls the writes back
+    and fails the attempt (retry, backoff) as for any handler. Returns a settled verdict (the
+    worker sends it nowhere) or the failure to send."""
+    from django.db import transaction
+
+    alias = getattr(storage, "using", None)
+    problem = None
+    if alias is None or not getattr(storage, "supports_transactional_enqueue", False):
+        problem = ConfigurationError(
+            "atomic=True needs the database backend (the job's completion is written in the"
+            f" handler's transaction); this worker's storage is {type(storage).__name__}"
+        )
+    elif isinstance(prepared.atomic, str) and prepared.atomic != alias:
+        problem = ConfigurationError(
+            f"the handler writes to database {prepared.atomic!r}; its job's completion is"
+            f" written to {alias!r}, so the two cannot commit together"
+        )
+    if problem is not None:  # manage.py check says so before a worker starts
+        return Ack("fail", claimed.job_id, claimed.token, error_body(problem), permanent=True)
+    try:
+        with transaction.atomic(using=alias):
+            result = prepared.func(prepared.job)
+            if inspect.isawaitable(result):
+                raise TypeError("an atomic handler must not return an awaitable")
+            ack = result_verdict(claimed, prepared, result)
+            if ack.kind != "complete":  # an unserialisable result: fail, writes rolled back
+                raise _Undone(ack)
+            outcome = storage.ack_many(claimed.queue, [ack])[0]
+            if outcome is not AckOutcome.COMPLETED:  # the lease was lost: roll back
+                logger.warning("%s %s: its writes were rolled back", prepared.label, outcome)
+                raise _Undone(dataclasses.replace(ack, settled=outcome))
+    except _Undone as undone:
+        return undone.ack
+    except BaseException as exc:  # noqa: BLE001 - as in execute
+        return error_verdict(claimed, exc, prepared.label, rng)
+    return dataclasses.replace(ack, settled=AckOutcome.COMPLETED)
 
 
 def close_old_connections() -> None:

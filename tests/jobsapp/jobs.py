@@ -366,3 +366,34 @@ def bcast_hard(job):
         threading.Event().wait()  # never set
     with Path(job.payload["ledger"]).open("a") as fh:
         fh.write(f"done {line}\n")
+
+
+def _effect(job):
+    """A non-idempotent effect: one row per run in ``jobq_test_effects`` (nothing stops a
+    second), on payload["alias"], then a sleep of payload["seconds"]. With payload["die"] in a
+    directory, the first run of the job SIGKILLs its own worker right after the effect: the
+    chosen crash point between a handler's writes and its job's completion."""
+    from django.db import connections
+
+    with connections[job.payload["alias"]].cursor() as cursor:
+        cursor.execute("INSERT INTO jobq_test_effects (job_id) VALUES (%s)", [job.id])
+    die = job.payload.get("die")
+    if die and not (Path(die) / job.id).exists():
+        (Path(die) / job.id).touch()
+        os.kill(os.getpid(), 9)
+    time.sleep(job.payload.get("seconds", 0))
+    return job.id
+
+
+@handler("tests-effect")
+def plain_effect(job):
+    return _effect(job)
+
+
+# Registered only where it can run: with another backend, manage.py check (and so every
+# command of the test settings) refuses an atomic handler (django_jobq.E003).
+if os.environ.get("JOBQ_TEST_BACKEND") == "database":
+
+    @handler("tests-atomic", atomic=True)
+    def atomic_effect(job):
+        return _effect(job)

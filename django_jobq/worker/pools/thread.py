@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...job import ClaimedJob, Job
 from ...storage.base import Ack
 from ...tasks.registry import HandlerRegistry
@@ -15,8 +17,9 @@ class ThreadRunner:
 
     supports_hard_timeout = False
 
-    def __init__(self, handlers: HandlerRegistry) -> None:
+    def __init__(self, handlers: HandlerRegistry, storage: Any = None) -> None:
         self.handlers = handlers
+        self.storage = storage  # where an atomic handler's completion is written
 
     def start(self, slots: int) -> None:
         """Nothing to start: the worker's handler threads are the pool."""
@@ -29,7 +32,7 @@ class ThreadRunner:
 
     def run(self, slot: int, claimed: ClaimedJob, job: Job) -> Ack:
         try:
-            return execute(claimed, self.handlers, job)
+            return execute(claimed, self.handlers, job, storage=self.storage)
         finally:
             close_old_connections()
 
