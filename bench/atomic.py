@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench import core_db
 from bench.core import log
+from bench.state_counts import report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -48,19 +48,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rounds.append(row)
         log(json.dumps(row))
     os.environ.pop("JOBQ_BENCH_ATOMIC", None)
-    ratios = {
-        figure: round(
-            statistics.median(row[f"{figure}_atomic"] / row[f"{figure}_plain"] for row in rounds),
-            3,
-        )
-        for figure in ("drain", "steady")
-    }
-    result = {"db": opts.db, "jobs": opts.jobs, "concurrency": opts.concurrency,
-              "rounds": rounds, "ratio_atomic_plain": ratios}  # fmt: skip
-    print(json.dumps(result, indent=1))
-    if opts.out:
-        opts.out.write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    fields = {"jobs": opts.jobs, "concurrency": opts.concurrency}
+    return report(opts, rounds, ("drain", "steady"), "atomic", "plain", **fields)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,15 @@ def on_other_queue() -> str:
 
 def not_a_task() -> None:
     CALLS.append(("not_a_task", None))
+
+
+@task(takes_context=True)
+def effect_then_fail_once(context, alias: str, key: str) -> str:
+    """One row in ``jobq_test_effects``, then a failure on the first attempt (after the write)."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("INSERT INTO jobq_test_effects (job_id) VALUES (%s)", [key])
+    if context.attempt == 1:
+        raise RuntimeError("after the write")
+    return key

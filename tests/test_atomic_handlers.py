@@ -84,9 +84,9 @@ def test_the_writes_and_the_completion_commit_together_and_a_failure_rolls_back(
 
 
 def test_a_stale_run_rolls_its_writes_back_instead_of_completing_over_the_newer(alias):
-    """The lease is taken over while the handler runs (another connection requeues the job
-    and claims it anew, as the reaper and a second worker would): the stale run's completion
-    is refused and its writes roll back."""
+    """The lease is taken over (another connection requeues the job and claims it anew, as
+    the reaper and a second worker would), on PostgreSQL while the handler runs: the stale
+    run's completion is refused and its writes roll back."""
     storage = DatabaseStorage(alias)
     registry = HandlerRegistry()
     taken = threading.Event()
@@ -103,7 +103,7 @@ def test_a_stale_run_rolls_its_writes_back_instead_of_completing_over_the_newer(
             taken.set()
 
     def handle(job):
-        if job.attempt == 1:
+        if alias == "pg":  # while this run's transaction is open
             threading.Thread(target=take_over).start()
             assert taken.wait(30)
         write_effect(alias, job.id)
@@ -115,6 +115,10 @@ def test_a_stale_run_rolls_its_writes_back_instead_of_completing_over_the_newer(
     from django_jobq.worker import execution
 
     claimed = storage.claim(Q, "old-worker", 1, 60_000).jobs[0]
+    if alias != "pg":
+        # SQLite: an atomic run holds the write lock from its start, so a takeover cannot
+        # happen during it; the stale run is one whose lease was taken before it began.
+        take_over()
     ack = execution.execute(claimed, registry, storage=storage)
     verdicts.append(ack)
     assert ack.settled is AckOutcome.LEASE_LOST
@@ -222,3 +226,36 @@ def test_manage_py_check_refuses_atomic_handlers_off_the_database_backend(settin
     finally:
         registry.unregister("atomic-check")
         registry.unregister("atomic-elsewhere")
+
+
+def test_the_tasks_backend_runs_its_tasks_atomically_when_asked(alias, settings):
+    """``TASKS[...]["OPTIONS"]["ATOMIC"]``: the failed first attempt's write is rolled back,
+    so one row, where the plain backend leaves two."""
+    from django.tasks import TaskResultStatus, task_backends
+    from django.test import override_settings
+
+    from django_jobq.contrib.tasks_backend import run_task
+    from django_jobq.tasks.registry import registry
+
+    from . import task_funcs
+
+    storage = DatabaseStorage(alias)
+    conf = {**settings.TASKS["default"]}
+    conf["OPTIONS"] = {**conf["OPTIONS"], "STORAGE": storage, "ATOMIC": True}
+    try:
+        with override_settings(TASKS={"default": conf}):
+            task_backends["default"]  # registers run_task on its queues, atomic
+            assert registry.options("default").atomic is True
+            result = task_funcs.effect_then_fail_once.enqueue(alias, "dt1")
+            with running_workers(storage, handlers=registry, reap_interval=0) as start:
+                start(["default"])
+
+                def done() -> bool:
+                    result.refresh()
+                    return result.status == TaskResultStatus.SUCCESSFUL
+
+                assert wait_until(done, 60), result.status
+        assert effects(alias, "dt1") == 1
+    finally:  # the queues' plain handler again, as the settings' backend registers it
+        for name in settings.TASKS["default"]["QUEUES"]:
+            registry.register(name, run_task)

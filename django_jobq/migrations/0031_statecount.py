@@ -3,8 +3,12 @@ counts on the overview without counting every row).
 
 PostgreSQL: statement-level triggers with transition tables, so a bulk enqueue of 1,000 jobs,
 a claim of 100 or a retention ``DELETE`` adds one grouped upsert, not one per row; each writer
-adds to rows of its own slot (its backend's process id), which no other writer touches, so
-counting never makes two transactions wait on each other. ``TRUNCATE`` of the job table empties
+adds to rows of its own slots (its backend's process id × 16 plus a random 0-15), which no
+other writer touches, so counting never makes two transactions wait on each other. Sixteen
+rows per backend rather than one: while any transaction holds an old snapshot (a long report,
+an ``idle in transaction`` session), PostgreSQL cannot prune a row's old versions, and every
+update walks them all; spread over 16 rows, each chain grows a sixteenth as fast (measured:
++0.45 ms per enqueue after 3,000 enqueues under one held snapshot, on one row). ``TRUNCATE`` of the job table empties
 the counts too. SQLite: row-level triggers (it has no others), slot 0: one writer at a time.
 The existing rows are counted while the triggers' creation holds the table (PostgreSQL's
 ``CREATE TRIGGER`` locks out writers until this migration commits), so none is missed or
@@ -20,17 +24,17 @@ BEGIN
         DELETE FROM {counts};
     ELSIF TG_OP = 'INSERT' THEN
         INSERT INTO {counts} AS c (queue, state, slot, n)
-        SELECT queue, state, pg_backend_pid(), COUNT(*) FROM new_rows
+        SELECT queue, state, {slot}, COUNT(*) FROM new_rows
         GROUP BY queue, state ORDER BY queue, state
         ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + EXCLUDED.n;
     ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO {counts} AS c (queue, state, slot, n)
-        SELECT queue, state, pg_backend_pid(), -COUNT(*) FROM old_rows
+        SELECT queue, state, {slot}, -COUNT(*) FROM old_rows
         GROUP BY queue, state ORDER BY queue, state
         ON CONFLICT (queue, state, slot) DO UPDATE SET n = c.n + EXCLUDED.n;
     ELSE
         INSERT INTO {counts} AS c (queue, state, slot, n)
-        SELECT queue, state, pg_backend_pid(), SUM(d) FROM (
+        SELECT queue, state, {slot}, SUM(d) FROM (
             SELECT queue, state, 1 AS d FROM new_rows
             UNION ALL SELECT queue, state, -1 FROM old_rows
         ) AS moved
@@ -40,6 +44,8 @@ BEGIN
     RETURN NULL;
 END $$
 """
+#: The writer's slot: its backend's process id × 16 plus a random 0-15 (fold_counts: slot / 16).
+PG_SLOT = "pg_backend_pid() * 16 + floor(random() * 16)::int"
 PG_TRIGGERS = (
     "CREATE TRIGGER jobq_count_insert AFTER INSERT ON {jobs} REFERENCING NEW TABLE AS new_rows "
     "FOR EACH STATEMENT EXECUTE FUNCTION jobq_count_rows()",
@@ -88,7 +94,7 @@ def create_triggers(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     names = tables(apps, schema_editor)
     if vendor == "postgresql":
-        statements = (PG_FUNCTION, *PG_TRIGGERS)
+        statements = (PG_FUNCTION.replace("{slot}", PG_SLOT), *PG_TRIGGERS)
     elif vendor == "sqlite":
         statements = SQLITE_TRIGGERS
     else:  # no database backend there (checks.py says so); nothing to count

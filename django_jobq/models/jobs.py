@@ -225,10 +225,12 @@ class StateCount(models.Model):
     million-row table: 100 ms and more per overview). Triggers, not code beside each
     transition: every write of a job row counts, the ORM's, raw SQL's, the mirror's.
 
-    ``slot``: on PostgreSQL the writing backend's process id, so concurrent writers add to
-    rows of their own and never wait on each other's (nor deadlock); the reaper folds the
-    slots of backends gone into slot 0 (``DatabaseStorage.fold_counts``). SQLite has one
-    writer at a time: slot 0 only. A count is the sum of its slots."""
+    ``slot``: on PostgreSQL the writing backend's process id × 16 plus a random 0-15, so
+    concurrent writers add to rows of their own and never wait on each other's (nor
+    deadlock), and an old snapshot held somewhere lengthens 16 version chains a backend, not
+    one (migration 0031); the reaper folds the slots of backends gone into slot 0
+    (``DatabaseStorage.fold_counts``). SQLite has one writer at a time: slot 0 only. A count
+    is the sum of its slots."""
 
     queue = models.CharField(max_length=64)
     state = models.CharField(max_length=16)

@@ -217,6 +217,14 @@ class Worker(ServingLoop):
                     f"queue(s) {atomic} have atomic=True handlers or tasks, which need the"
                     f" database backend; this worker's storage is {type(self.storage).__name__}"
                 )
+            from django.db import connections
+
+            using = getattr(self.storage, "using", "default")
+            pooled = connections[using].settings_dict.get("OPTIONS", {}).get("pool")
+            if isinstance(self._runner, ThreadRunner) and not pooled:
+                # Each atomic job needs the handler thread's connection: kept between jobs
+                # (with Django's pool a close hands it back cheaply instead).
+                self._runner.keep_alias = using
         if hard and not self._runner.supports_hard_timeout:
             raise ConfigurationError(
                 f"queue(s) {hard} have a hard_timeout, which the {self.pool} pool cannot enforce"
@@ -590,6 +598,8 @@ class Worker(ServingLoop):
                     self._free += 1
                     self._cond.notify_all()
             if (item := self._work.get()) is None:
+                if isinstance(runner, ThreadRunner):
+                    runner.thread_done()
                 break
             if isinstance(item, _IdleWait):
                 self._idle_wait(slot, item)

@@ -266,7 +266,7 @@ class Operations(ClaimAck):
         self._sql(
             f"WITH gone AS (DELETE FROM {table} WHERE id IN ("  # noqa: S608 - the model's table
             f"SELECT id FROM {table} WHERE queue = %s AND slot <> 0 "
-            "AND slot NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) "
+            "AND slot / 16 NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) "
             "FOR UPDATE SKIP LOCKED) RETURNING state, n) "
             f"INSERT INTO {table} AS c (queue, state, slot, n) "
             "SELECT %s, state, 0, SUM(n) FROM gone GROUP BY state ORDER BY state "

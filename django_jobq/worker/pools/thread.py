@@ -20,6 +20,7 @@ class ThreadRunner:
     def __init__(self, handlers: HandlerRegistry, storage: Any = None) -> None:
         self.handlers = handlers
         self.storage = storage  # where an atomic handler's completion is written
+        self.keep_alias: str | None = None  # its connection, kept between jobs (atomic queues)
 
     def start(self, slots: int) -> None:
         """Nothing to start: the worker's handler threads are the pool."""
@@ -34,13 +35,21 @@ class ThreadRunner:
         try:
             return execute(claimed, self.handlers, job, storage=self.storage)
         finally:
-            close_old_connections()
+            close_old_connections(self.keep_alias)
 
     def run_batch(self, slot: int, claimed: list[ClaimedJob], jobs: list[Job]) -> list[Ack]:
         try:
             return execute_batch(claimed, self.handlers, jobs)
         finally:
             close_old_connections()
+
+    def thread_done(self) -> None:
+        """A handler thread ends (the worker stops): close the connection kept for atomic
+        jobs, which a thread that is gone can never close or reuse."""
+        if self.keep_alias is not None:
+            from django.db import connections
+
+            connections[self.keep_alias].close()
 
     def kill(self, key: tuple[str, str, int]) -> None:
         """A thread cannot be killed: a forced cancel is cooperative here (the job's flag)."""
