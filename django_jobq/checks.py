@@ -148,9 +148,10 @@ def connection_budget_check(app_configs, databases=None, **kwargs):
 
 @checks.register()
 def atomic_handlers_check(app_configs, **kwargs):
-    """``atomic=True`` writes a job's completion in its handler's transaction, so it needs the
-    database backend, and the handler's writes on the queue's database: refused here rather
-    than at the first job (docs/reliability.md, "Exactly-once database effects")."""
+    """``atomic=True`` writes a job's completion (the database backend) or its outcome (the
+    Redis ledger) in its handler's transaction: not possible with the memory backend, nor on
+    the database backend when the handler says it writes to another database than the
+    queue's. Refused here rather than at the first job (docs/reliability.md)."""
     from .conf import jobq_settings
     from .tasks.registry import registry
 
@@ -162,12 +163,12 @@ def atomic_handlers_check(app_configs, **kwargs):
     errors = []
     for queue, writers in sorted(registry.atomic_writers().items()):
         for what, atomic in writers:
-            if conf["BACKEND"] != "database":
+            if conf["BACKEND"] == "memory":
                 problem = (
-                    f"{what} (queue {queue!r}) has atomic=True, which needs "
-                    f"JOBQ['BACKEND'] = 'database'; it is {conf['BACKEND']!r}"
+                    f"{what} (queue {queue!r}) has atomic=True, which needs the database or"
+                    " the Redis backend; JOBQ['BACKEND'] is 'memory'"
                 )
-            elif isinstance(atomic, str) and atomic != alias:
+            elif conf["BACKEND"] == "database" and isinstance(atomic, str) and atomic != alias:
                 problem = (
                     f"{what} (queue {queue!r}) writes to database {atomic!r}, but its jobs are"
                     f" stored in {alias!r} (JOBQ['DATABASE_ALIAS']): the writes and the"

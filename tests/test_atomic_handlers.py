@@ -5,11 +5,14 @@ In-process workers here; ``test_atomic_processes.py`` kills worker processes."""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import threading
 
 import pytest
 from django.core import checks
 from django.db import connections
+from django.utils import timezone
 
 from django_jobq import JobState
 from django_jobq.errors import ConfigurationError
@@ -187,7 +190,7 @@ def test_a_worker_refuses_atomic_queues_where_it_cannot_keep_the_promise():
     registry.register(Q, lambda job: 1, atomic=True)
     from django_jobq.worker import Worker
 
-    with pytest.raises(ConfigurationError, match="database backend"):
+    with pytest.raises(ConfigurationError, match="database or the Redis backend"):
         Worker([Q], storage=MemoryStorage(), handlers=registry).check()
     for pool in ("process", "async"):
         with pytest.raises(ConfigurationError, match="thread pool only"):
@@ -259,3 +262,172 @@ def test_the_tasks_backend_runs_its_tasks_atomically_when_asked(alias, settings)
     finally:  # the queues' plain handler again, as the settings' backend registers it
         for name in settings.TASKS["default"]["QUEUES"]:
             registry.register(name, run_task)
+
+
+# -- Redis: the outcome ledger --------------------------------------------------------------
+
+
+@pytest.fixture
+def on_redis(alias, settings, request):
+    """A Redis storage of this test's own prefix, its ledger (JOBQ["DATABASE_ALIAS"]) on
+    ``alias``."""
+    from django_jobq.storage.redis import RedisStorage
+
+    settings.JOBQ = {**settings.JOBQ, "DATABASE_ALIAS": alias}
+    client, prefix = (request.getfixturevalue(f) for f in ("redis_client", "redis_prefix"))
+    return RedisStorage(client, prefix=prefix)
+
+
+def outcomes(alias: str, job_id: str) -> int:
+    from django_jobq.models import JobOutcome
+
+    return JobOutcome.objects.using(alias).filter(queue=Q, job_id=job_id).count()
+
+
+@pytest.mark.redis
+def test_on_redis_a_redelivered_job_with_an_outcome_is_acknowledged_without_running(
+    alias, on_redis
+):
+    """The worker died after the commit, before Redis heard of it: the lease expires, the
+    reaper requeues the job, and the next run acknowledges the stored result."""
+    from django_jobq.worker import execution
+
+    calls: list[int] = []
+    registry = HandlerRegistry()
+
+    def handle(job):
+        calls.append(job.attempt)
+        write_effect(alias, job.id)
+        return {"run": len(calls)}
+
+    registry.register(Q, handle, atomic=True)
+    queue = Queue(Q, storage=on_redis)
+    queue.enqueue("r1", 1, max_stalls=5)
+    first = on_redis.claim(Q, "w1", 1, 50).jobs[0]
+    ack = execution.execute(first, registry, storage=on_redis)
+    assert ack.kind == "complete" and ack.settled is None  # for Redis; never sent: "killed"
+    assert (effects(alias, "r1"), outcomes(alias, "r1")) == (1, 1)
+    assert wait_until(lambda: "r1" in on_redis.reap(Q).requeued, 30)
+    second = on_redis.claim(Q, "w2", 1, 60_000).jobs[0]
+    again = execution.execute(second, registry, storage=on_redis)
+    assert calls == [1] and again.body == ack.body  # not run again: the stored result
+    assert on_redis.ack_many(Q, [again]) == [AckOutcome.COMPLETED]
+    assert queue.get_result("r1").value == {"run": 1} and effects(alias, "r1") == 1
+
+
+@pytest.mark.redis
+def test_on_redis_a_second_run_committing_beside_the_first_rolls_back(alias, on_redis):
+    """Another run's outcome appears while this run's transaction is open (a lease taken
+    over): this run's ledger insert fails, its writes roll back, and it acknowledges the other
+    run's result."""
+    from django_jobq.models import JobOutcome
+    from django_jobq.worker import execution
+
+    registry = HandlerRegistry()
+    queue = Queue(Q, storage=on_redis)
+
+    def other_run_commits():
+        record = on_redis.get_record(Q, "c1")
+        digest = hashlib.blake2b(bytes(record.payload), digest_size=16).hexdigest()
+        try:
+            JobOutcome.objects.using(alias).create(
+                queue=Q, job_id="c1", created_ms=record.created_at, digest=digest,
+                result=b'{"by": "other"}',
+                expires_at=timezone.now() + dt.timedelta(hours=1),
+            )  # fmt: skip
+        finally:
+            connections[alias].close()
+
+    def handle(job):
+        thread = threading.Thread(target=other_run_commits)
+        thread.start()
+        thread.join(30)
+        write_effect(alias, job.id)
+        return {"by": "this"}
+
+    registry.register(Q, handle, atomic=True)
+    queue.enqueue("c1", 1)
+    claimed = on_redis.claim(Q, "w1", 1, 60_000).jobs[0]
+    ack = execution.execute(claimed, registry, storage=on_redis)
+    assert ack.body == b'{"by": "other"}' and ack.settled is None
+    assert effects(alias, "c1") == 0 and outcomes(alias, "c1") == 1
+
+
+@pytest.mark.redis
+def test_on_redis_an_id_enqueued_again_after_its_record_went_runs_again(alias, on_redis):
+    """The ledger keys an outcome by the job's record (its creation time), not by the id."""
+    registry = HandlerRegistry()
+    registry.register(Q, lambda job: write_effect(alias, job.id), atomic=True)
+    queue = Queue(Q, storage=on_redis)
+    queue.enqueue("again", 1)
+    served(on_redis, registry, "again")
+    assert on_redis.delete_finished(Q, ["again"]) == 1
+    queue.enqueue("again", 2)
+    served(on_redis, registry, "again")
+    assert (effects(alias, "again"), outcomes(alias, "again")) == (2, 2)
+
+
+@pytest.mark.redis
+def test_the_reaper_prunes_outcomes_past_their_result_ttl(alias, on_redis):
+    from django_jobq.tasks.registry import registry as global_registry
+    from django_jobq.worker.reaper import Reaper
+
+    global_registry.register(Q, lambda job: write_effect(alias, job.id), atomic=True)
+    try:
+        queue = Queue(Q, storage=on_redis)
+        queue.enqueue("short", 1, result_ttl=1)
+        queue.enqueue("long", 1)
+        with running_workers(on_redis, handlers=global_registry, reap_interval=0) as start:
+            start([Q])
+            assert wait_until(  # "short" ran, then its record expired
+                lambda: (
+                    queue.get_status("short") is None
+                    and getattr(queue.get_status("long"), "state", None) is JobState.COMPLETED
+                ),
+                60,
+            )
+        assert outcomes(alias, "short") == 1
+        Reaper([Q], storage=on_redis, mirror=False, schedules=False).run_once()
+        assert (outcomes(alias, "short"), outcomes(alias, "long")) == (0, 1)
+    finally:
+        global_registry.unregister(Q)
+
+
+@pytest.mark.redis
+def test_on_redis_follow_ups_exist_exactly_when_the_job_completed(alias, on_redis, monkeypatch):
+    """``enqueue_on_commit`` inside an atomic run is recorded with the outcome: none for a
+    failed attempt, and sent by the run that finds the outcome when the committing worker died
+    before sending them."""
+    from django_jobq.worker import execution
+
+    registry = HandlerRegistry()
+
+    def handle(job):
+        Queue("atomic-next", storage=on_redis).enqueue_on_commit(f"next-{job.attempt}", 1)
+        write_effect(alias, job.id)
+        if job.attempt == 1:
+            raise RuntimeError("first attempt fails after its follow-up")
+        return 1
+
+    registry.register(Q, handle, atomic=True)
+    queue, follow = Queue(Q, storage=on_redis), Queue("atomic-next", storage=on_redis)
+    queue.enqueue("f", 1, max_attempts=3, min_backoff=1, max_backoff=1, max_stalls=5)
+    first = on_redis.claim(Q, "w1", 1, 60_000).jobs[0]
+    assert on_redis.ack_many(Q, [execution.execute(first, registry, storage=on_redis)]) == [
+        AckOutcome.RETRYING
+    ]
+    assert follow.get_status("next-1") is None  # rolled back with the attempt
+    real_send = execution.send_follow_ups
+    monkeypatch.setattr(execution, "send_follow_ups", lambda storage, follow_ups: None)
+    # the retry is due after its 1 ms backoff: a reaper pass promotes it
+    assert wait_until(lambda: on_redis.reap(Q) is not None and queue.counts()[JobState.QUEUED], 30)
+    second = on_redis.claim(Q, "w2", 1, 50).jobs[0]
+    assert execution.execute(second, registry, storage=on_redis).kind == "complete"  # "killed"
+    assert follow.get_status("next-2") is None  # committed, never sent
+    monkeypatch.setattr(execution, "send_follow_ups", real_send)
+    assert wait_until(lambda: "f" in on_redis.reap(Q).requeued, 30)
+    third = on_redis.claim(Q, "w3", 1, 60_000).jobs[0]
+    ack = execution.execute(third, registry, storage=on_redis)  # finds the outcome
+    assert on_redis.ack_many(Q, [ack]) == [AckOutcome.COMPLETED]
+    assert follow.get_status("next-2").state is JobState.QUEUED
+    assert follow.get_status("next-3") is None and effects(alias, "f") == 1

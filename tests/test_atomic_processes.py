@@ -1,8 +1,11 @@
 """Exactly-once effects under SIGKILL (issue 38): worker processes killed again and again
-mid-drain, at the chosen point (right after a handler's write, before its completion) and at
-arbitrary ones, a reaper running. With ``atomic=True`` every job completes and the effect
-count equals the job count exactly; without it the same run leaves duplicates, so the test
-can fail. SQLite and PostgreSQL, the database backend."""
+mid-drain, at a chosen point and at arbitrary ones, a reaper running. With ``atomic=True`` every
+job completes and the effect count equals the job count exactly; without it the same run leaves
+duplicates, so the test can fail.
+
+The database backend on SQLite and PostgreSQL (chosen point: right after the handler's write,
+before its completion), and Redis with the outcome ledger on either database (chosen points:
+after the write, before the commit; and after the commit, before the Redis acknowledgement)."""
 
 from __future__ import annotations
 
@@ -13,23 +16,51 @@ from django.db import connections
 
 from django_jobq import JobState
 from django_jobq.queue import Queue
+from django_jobq.storage.redis import RedisStorage
 
-from .helpers import PROCESS_START, wait_until
-from .test_database_processes import ALIASES, backend, spawn  # noqa: F401 - fixtures
+from .helpers import PROCESS_START, Spawner, wait_until
 
 pytestmark = [
     pytest.mark.slow, pytest.mark.django_db(databases=["default", "pg"], transaction=True)
 ]  # fmt: skip
 JOBS = 32
+ALIASES = {"sqlite": "default", "postgres": "pg"}
+SETUPS = [
+    ("database", "sqlite"),
+    pytest.param(("database", "postgres"), marks=pytest.mark.postgres),
+    pytest.param(("redis", "sqlite"), marks=pytest.mark.redis),
+    pytest.param(("redis", "postgres"), marks=[pytest.mark.redis, pytest.mark.postgres]),
+]
+SETUP_IDS = ["database-sqlite", "database-postgres", "redis-sqlite", "redis-postgres"]
 
 
-@pytest.fixture
-def effects_table(backend):  # noqa: F811 - the imported fixture
-    alias = ALIASES[backend]
+@pytest.fixture(params=SETUPS, ids=SETUP_IDS)
+def setup(request, tmp_path):
+    """(storage, spawner, alias): the jobs' storage, ``manage.py`` processes on it, and the
+    database the effects (and on Redis the outcome ledger) are written to."""
+    backend, db = request.param
+    alias = ALIASES[db]
+    env = {
+        "JOBQ_TEST_BACKEND": backend,
+        "JOBQ_TEST_DB_ALIAS": alias,
+        "JOBQ_TEST_ATOMIC": "1",
+        "JOBQ_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+        "JOBQ_TEST_PG_DB": connections["pg"].settings_dict["NAME"],
+    }
+    if backend == "redis":
+        prefix = request.getfixturevalue("redis_prefix")
+        storage = RedisStorage(request.getfixturevalue("redis_client"), prefix=prefix)
+        env["JOBQ_TEST_PREFIX"] = prefix
+    else:
+        from django_jobq.storage.database import DatabaseStorage
+
+        storage = DatabaseStorage(alias)
     with connections[alias].cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS jobq_test_effects")
         cursor.execute("CREATE TABLE jobq_test_effects (job_id varchar(160) NOT NULL)")
-    yield alias
+    spawner = Spawner(tmp_path, env)
+    yield storage, spawner, alias, backend
+    spawner.stop_all()
     with connections[alias].cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS jobq_test_effects")
 
@@ -41,21 +72,19 @@ def effect_rows(alias: str) -> int:
 
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "plain"])
-def test_killed_workers_leave_one_effect_per_job_exactly_when_atomic(
-    live_storage,
-    spawn,  # noqa: F811 - the imported fixture
-    effects_table,
-    tmp_path,
-    atomic,
-):
-    alias = effects_table
+def test_killed_workers_leave_one_effect_per_job_exactly_when_atomic(setup, tmp_path, atomic):
+    storage, spawn, alias, backend = setup
     name = "tests-atomic" if atomic else "tests-effect"
-    q = Queue(name, storage=live_storage)
+    q = Queue(name, storage=storage)
     die = tmp_path / "die"
     die.mkdir()
+    # Every 8th job's first run kills its worker at a chosen point: after its write (before
+    # the commit), or on Redis for every other one of them after the commit (before Redis is
+    # told: the ledger's case).
     q.enqueue_many([
         {"id": f"e{i}", "max_stalls": 100,
-         "payload": {"alias": alias, "seconds": 0.05, "die": str(die) if i % 8 == 3 else None}}
+         "payload": {"alias": alias, "seconds": 0.05, "die": str(die) if i % 8 == 3 else None,
+                     "die_after_commit": backend == "redis" and i % 16 == 3}}
         for i in range(JOBS)
     ])  # fmt: skip
     spawn("runreaper", "--interval", "0.2", log="reaper")
@@ -89,3 +118,7 @@ def test_killed_workers_leave_one_effect_per_job_exactly_when_atomic(
     else:
         # at least the chosen crash points' writes twice: at-least-once, as documented
         assert effect_rows(alias) >= JOBS + died
+    if atomic and backend == "redis":  # every job's outcome in the ledger, once
+        from django_jobq.models import JobOutcome
+
+        assert JobOutcome.objects.using(alias).filter(queue=name).count() == JOBS

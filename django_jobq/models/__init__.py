@@ -15,6 +15,7 @@ from .jobs import (
     FailureCall,
     Job,
     JobEvent,
+    JobOutcome,
     JobQuerySet,
     JournalEntry,
     QueueConfig,

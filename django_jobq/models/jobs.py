@@ -246,6 +246,45 @@ class StateCount(models.Model):
         return f"{self.queue}/{self.state}: {self.n} (slot {self.slot})"
 
 
+class JobOutcome(models.Model):
+    """The outcome ledger of ``atomic=True`` handlers on the Redis backend: written in the
+    handler's own transaction (``worker/execution.py``), so it exists exactly when the
+    handler's writes committed. A redelivered job whose row exists (its worker died after the
+    commit, before Redis heard of it) is acknowledged with the stored result, not run again.
+
+    One row per job *record*: ``created_ms`` is the record's creation time and ``digest``
+    its payload's, so a job id enqueued again after its record went (expired, purged) runs
+    anew, also within the same millisecond (the ledger's model test found that case) unless
+    its payload is the same too. The unique key also
+    decides between two runs of one job committing at once (a lease taken over): the second
+    insert fails and its transaction, writes included, rolls back. Rows end with the job's
+    result TTL (the reaper deletes them)."""
+
+    queue = models.CharField(max_length=64)
+    job_id = models.CharField(max_length=160)
+    created_ms = models.BigIntegerField()
+    digest = models.CharField(max_length=32)  # of the payload: blake2b, 16 bytes, hex
+    result = models.BinaryField()
+    # The jobs the handler enqueued with ``enqueue_on_commit`` (queue, id, payload, options,
+    # as the journal encodes them): sent after the commit and again by a run that finds the
+    # outcome (the id deduplicates), so the follow-ups exist exactly when the job completed.
+    follow_ups = models.JSONField(default=list, blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "job_id", "created_ms", "digest"],
+                name="jobq_outcome_record_uniq",
+            )
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="jobq_outcome_expires")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.job_id} outcome"
+
+
 class EventFloor(models.Model):
     """Per queue (database backend), the newest event id deleted so far, with its job
     (retention, expiry, purge, obliterate): a feed reader positioned before it may have lost

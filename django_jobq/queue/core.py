@@ -3,11 +3,13 @@ hands storage one atomic operation per call."""
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -165,6 +167,31 @@ def _limit(name: str, value: object, *, ms: bool = False) -> int | None:
     if ms:
         return validate_positive_ms(name, value)
     return validate_positive_int(name, value)
+
+
+#: The jobs ``enqueue_on_commit`` was asked for inside an ``atomic=True`` run on Redis
+#: (``worker/execution.py``), with the storage that run's completion goes to: they are
+#: recorded with the run's outcome instead of being sent after a commit a crash could
+#: separate them from.
+_FOLLOW_UPS: contextvars.ContextVar[tuple[Storage, list[tuple[str, NewJob]]] | None] = (
+    contextvars.ContextVar("jobq_follow_ups", default=None)
+)
+
+
+@contextmanager
+def collecting_follow_ups(storage: Storage) -> Iterator[list[tuple[str, NewJob]]]:
+    """Within: ``enqueue_on_commit`` onto ``storage`` appends (queue, job) to the list."""
+    collected: list[tuple[str, NewJob]] = []
+    token = _FOLLOW_UPS.set((storage, collected))
+    try:
+        yield collected
+    finally:
+        _FOLLOW_UPS.reset(token)
+
+
+def follow_up_outbox(storage: Storage) -> list[tuple[str, NewJob]] | None:
+    active = _FOLLOW_UPS.get()
+    return active[1] if active is not None and active[0] is storage else None
 
 
 class Queue:
@@ -460,6 +487,9 @@ class Queue:
                     f"journal mode writes on JOBQ['JOURNAL']['DATABASE_ALIAS'], not {using!r}"
                 )
             self._journal([job])
+            return job.job_id
+        if (outbox := follow_up_outbox(self.storage)) is not None:  # an atomic run on Redis
+            outbox.append((self.name, job))
             return job.job_id
         if self.storage.supports_transactional_enqueue and (using or DEFAULT_DB_ALIAS) == getattr(
             self.storage, "using", None

@@ -45,7 +45,7 @@ from ..storage.base import Ack, Storage
 from ..tasks.registry import HandlerRegistry, registry
 from ..validation import logical_name, validate_physical_queue_name
 from .autoscale import Autoscaler
-from .execution import envelope_meta, error_body, job_timeouts, make_job
+from .execution import envelope_meta, error_body, job_timeouts, ledger_alias, make_job
 from .failures import FailureCaller
 from .lifecycle import RECONNECT_MAX, ServingLoop, apply_configured_retention
 from .pools import POOLS, AsyncRunner, ProcessRunner, ThreadRunner, Watchdog
@@ -212,14 +212,16 @@ class Worker(ServingLoop):
                     f" thread pool only (the handler's transaction and the job's completion"
                     f" share the handler thread's connection), not the {self.pool} pool"
                 )
-            if not self.storage.supports_transactional_enqueue:
+            if not self.storage.supports_multiprocess:
                 raise ConfigurationError(
                     f"queue(s) {atomic} have atomic=True handlers or tasks, which need the"
-                    f" database backend; this worker's storage is {type(self.storage).__name__}"
+                    f" database or the Redis backend; this worker's storage is"
+                    f" {type(self.storage).__name__}"
                 )
             from django.db import connections
 
-            using = getattr(self.storage, "using", "default")
+            # The database backend's own alias; on Redis the ledger's (execution.ledger_alias).
+            using = getattr(self.storage, "using", None) or ledger_alias(True)
             pooled = connections[using].settings_dict.get("OPTIONS", {}).get("pool")
             if isinstance(self._runner, ThreadRunner) and not pooled:
                 # Each atomic job needs the handler thread's connection: kept between jobs

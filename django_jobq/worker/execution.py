@@ -7,8 +7,10 @@ are plain functions that tests call directly.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import datetime as dt
+import hashlib
 import inspect
 import json
 import logging
@@ -29,6 +31,8 @@ from ..errors import (
     SerializationError,
 )
 from ..job import PARKED_MS, AckOutcome, ChildOutcome, ClaimedJob, Job
+from ..queue.core import collecting_follow_ups
+from ..queue.journal import decode_job, encode_options
 from ..serde import TASK_META, is_enveloped, serde_for, storable_text, unwrap
 from ..states import JobState
 from ..storage.base import Ack
@@ -311,17 +315,17 @@ def execute_atomic(
     longer matches), storage refuses it and this run's writes roll back with it, so a stale
     run never adds its effects beside the newer run's. A raised error rolls the writes back
     and fails the attempt (retry, backoff) as for any handler. Returns a settled verdict (the
-    worker sends it nowhere) or the failure to send."""
+    worker sends it nowhere) or the failure to send.
+
+    Redis cannot join a Django transaction: there the transaction records the outcome in the
+    ledger instead (``run_with_ledger``)."""
     from django.db import transaction
 
-    alias = getattr(storage, "using", None)
+    if not getattr(storage, "supports_transactional_enqueue", False):
+        return run_with_ledger(claimed, prepared, storage, rng)
+    alias = storage.using
     problem = None
-    if alias is None or not getattr(storage, "supports_transactional_enqueue", False):
-        problem = ConfigurationError(
-            "atomic=True needs the database backend (the job's completion is written in the"
-            f" handler's transaction); this worker's storage is {type(storage).__name__}"
-        )
-    elif isinstance(prepared.atomic, str) and prepared.atomic != alias:
+    if isinstance(prepared.atomic, str) and prepared.atomic != alias:
         problem = ConfigurationError(
             f"the handler writes to database {prepared.atomic!r}; its job's completion is"
             f" written to {alias!r}, so the two cannot commit together"
@@ -350,6 +354,110 @@ def execute_atomic(
     except BaseException as exc:  # noqa: BLE001 - as in execute
         return error_verdict(claimed, exc, prepared.label, rng)
     return dataclasses.replace(ack, settled=AckOutcome.COMPLETED)
+
+
+def ledger_alias(atomic: bool | str) -> str:
+    """The database of the outcome ledger: the one the handler writes to (``atomic="alias"``),
+    else ``JOBQ["DATABASE_ALIAS"]``."""
+    from ..conf import jobq_settings
+
+    return atomic if isinstance(atomic, str) else jobq_settings()["DATABASE_ALIAS"]
+
+
+def run_with_ledger(
+    claimed: ClaimedJob, prepared: Prepared, storage: Any, rng: random.Random | None = None
+) -> Ack:
+    """``atomic=True`` on Redis: the handler's transaction also inserts the job's outcome
+    (``JobOutcome``) with its result; the Redis completion follows the commit. A worker killed
+    between the two leaves a committed outcome and an active job: its lease expires, the
+    reaper requeues it, and the next run finds the outcome and acknowledges it with the stored
+    result without calling the handler. Two runs of one job committing at once (a lease
+    taken over) meet on the ledger's unique key: the second's transaction rolls back, writes
+    included, and it acknowledges the first's result. Returns the verdict to send (never a
+    settled one: Redis must still hear of it)."""
+    from django.db import IntegrityError, transaction
+
+    from ..models import JobOutcome
+
+    if not getattr(storage, "supports_multiprocess", True):  # the memory backend
+        problem = ConfigurationError(
+            "atomic=True needs the database or the Redis backend, not"
+            f" {type(storage).__name__} (nothing outlives its process to record an outcome in)"
+        )
+        return Ack("fail", claimed.job_id, claimed.token, error_body(problem), permanent=True)
+    record = storage.get_record(claimed.queue, claimed.job_id)
+    if record is None or record.state is not JobState.ACTIVE:  # gone, or reclaimed already
+        return Ack("complete", claimed.job_id, claimed.token, settled=AckOutcome.LEASE_LOST)
+    alias = ledger_alias(prepared.atomic)
+    key = {"queue": claimed.queue, "job_id": claimed.job_id, "created_ms": record.created_at,
+           "digest": hashlib.blake2b(claimed.payload, digest_size=16).hexdigest()}  # fmt: skip
+    ledger = JobOutcome.objects.using(alias).filter(**key)
+
+    def recorded() -> Ack | None:
+        row = ledger.values_list("result", "follow_ups").first()
+        if row is None:
+            return None
+        logger.info("%s outcome committed by an earlier run: acknowledged", prepared.label)
+        send_follow_ups(storage, row[1])  # the earlier run may have died before sending them
+        return Ack("complete", claimed.job_id, claimed.token, bytes(row[0]))
+
+    if (earlier := recorded()) is not None:
+        return earlier
+    try:
+        with transaction.atomic(using=alias), collecting_follow_ups(storage) as follow_ups:
+            result = prepared.func(prepared.job)
+            if inspect.isawaitable(result):
+                raise TypeError("an atomic handler must not return an awaitable")
+            ack = result_verdict(claimed, prepared, result)
+            if ack.kind != "complete":
+                raise _Undone(ack)
+            now = int(time.time() * 1000)
+            sent = [
+                {"queue": queue, "job_id": job.job_id, "content_type": job.content_type,
+                 "payload": base64.b64encode(job.payload).decode(),
+                 "options": encode_options(job, now)}
+                for queue, job in follow_ups
+            ]  # fmt: skip
+            try:
+                kept = dt.timedelta(milliseconds=record.result_ttl)
+                with transaction.atomic(using=alias):  # a savepoint: PostgreSQL aborts else
+                    JobOutcome.objects.using(alias).create(
+                        **key,
+                        result=ack.body,
+                        follow_ups=sent,
+                        expires_at=dt.datetime.now(dt.UTC) + kept,
+                    )
+            except IntegrityError:
+                raise _Undone(ack) from None  # another run's outcome: roll this one back
+    except _Undone as undone:
+        if undone.ack.kind == "complete":
+            return recorded() or dataclasses.replace(undone.ack, settled=AckOutcome.LEASE_LOST)
+        return undone.ack
+    except BaseException as exc:  # noqa: BLE001 - as in execute
+        return error_verdict(claimed, exc, prepared.label, rng)
+    send_follow_ups(storage, sent)
+    return ack
+
+
+def send_follow_ups(storage: Any, follow_ups: list[dict[str, Any]]) -> None:
+    """Enqueue an outcome's follow-up jobs (after its commit, and again from a run that found
+    the outcome: their ids make a second send a duplicate, not a second job)."""
+    for f in follow_ups:
+        job = decode_job(f["job_id"], base64.b64decode(f["payload"]), f["content_type"],
+                         f["options"])  # fmt: skip
+        storage.register_queue(f["queue"])
+        storage.enqueue(f["queue"], job)
+
+
+def prune_outcomes(alias: str, limit: int = 1000) -> int:
+    """Delete up to ``limit`` ledger rows past their job's result TTL (the reaper's pass)."""
+    from django.utils import timezone
+
+    from ..models import JobOutcome
+
+    rows = JobOutcome.objects.using(alias)
+    pks = list(rows.filter(expires_at__lt=timezone.now()).values_list("pk", flat=True)[:limit])
+    return rows.filter(pk__in=pks).delete()[0] if pks else 0
 
 
 def close_old_connections(keep: str | None = None) -> None:

@@ -23,6 +23,7 @@ from ..queue.sharding import served_queues
 from ..storage.base import ReapReport, Storage
 from ..tasks.registry import registry
 from ..validation import logical_name
+from .execution import ledger_alias, prune_outcomes
 from .lifecycle import apply_configured_retention
 
 logger = logging.getLogger("django_jobq.reaper")
@@ -129,6 +130,11 @@ class Reaper:
             if report.removed:
                 logger.debug("%s: retention removed %d finished jobs", name, report.removed)
             reports[name] = report
+        if not self.storage.supports_transactional_enqueue and registry.atomic_queues():
+            # Redis: the outcome ledger of atomic handlers ends with its jobs' result TTL.
+            alias = ledger_alias(True)
+            while prune_outcomes(alias, self.batch) >= self.batch:
+                pass
         return reports
 
     def database_alias(self) -> str:
