@@ -247,13 +247,10 @@ class Operations(ClaimAck):
             (JobState.SCHEDULED, JobState.QUEUED, JobState.ACTIVE, JobState.RETRYING,
              JobState.BLOCKED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED), 0
         )  # fmt: skip
-        for state, n in self.state_counts([queue]).get(queue, {}).items():
+        for state, n in state_counts(self.using, [queue]).get(queue, {}).items():
             if state in out:
                 out[state] = n
         return out
-
-    def state_counts(self, queues: Sequence[str]) -> dict[str, dict[JobState, int]]:
-        return state_counts(self.using, queues)
 
     def fold_counts(self, queue: str) -> None:
         """PostgreSQL: move the counts of backends that are gone into slot 0 (their slots would
